@@ -1,0 +1,193 @@
+"""Shared chunk buffers: how transitions travel from workers to the driver.
+
+A chunk holds ``chunk_len`` consecutive steps of one worker's env block
+(``[chunk_len, rows]`` per field). Each worker owns ``chunks_per_worker``
+chunks and cycles through them in order; a full chunk is announced to the
+driver by writing its id into a ready ring, so only an integer crosses
+processes. The driver releases a chunk once it has copied it out.
+
+Backpressure is the free-chunk semaphore of each worker: completed plus
+in-flight chunks never exceed ``num_workers * chunks_per_worker``, so a
+stalled trainer pauses collection instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from components.shm import FieldSpec, SharedArena
+
+
+class ChunkPool:
+    """Chunk buffers, per-worker free counters and one ready ring.
+
+    ``ctx`` supplies ``Semaphore``/``Lock``: the ``threading`` module for
+    thread workers, a ``spawn`` multiprocessing context for processes. The
+    buffers live in a :class:`SharedArena` either way.
+
+    Examples:
+        >>> pool = ChunkPool([FieldSpec("x", (), "float32")], rows=[2], chunk_len=3,
+        ...                  chunks_per_worker=2, ctx=threading)
+        >>> writer = pool.writer(0)
+        >>> chunk = writer.acquire(timeout=1.0)
+        >>> chunk["x"][:] = 7.0
+        >>> writer.commit()
+        >>> gid = pool.next_ready(timeout=1.0)
+        >>> pool.flat(gid)["x"].tolist()
+        [7.0, 7.0, 7.0, 7.0, 7.0, 7.0]
+        >>> pool.release(gid)
+    """
+
+    def __init__(
+        self,
+        fields: Sequence[FieldSpec],
+        *,
+        rows: Sequence[int],
+        chunk_len: int,
+        chunks_per_worker: int,
+        ctx: Any,
+    ) -> None:
+        if chunk_len < 1 or chunks_per_worker < 1:
+            raise ValueError("chunk_len and chunks_per_worker must be >= 1")
+        self.fields = list(fields)
+        self.rows = list(rows)
+        self.num_workers = len(self.rows)
+        self.chunk_len = chunk_len
+        self.chunks_per_worker = chunks_per_worker
+        total = self.num_workers * chunks_per_worker
+        width = max(self.rows)
+        arena_fields = [f.with_leading(total, chunk_len, width) for f in self.fields]
+        arena_fields += [FieldSpec("ctl.ring", (total,), "int64"), FieldSpec("ctl.written", (1,), "int64")]
+        self._arena = SharedArena(arena_fields)
+        self._ready = ctx.Semaphore(0)
+        self._ring_lock = ctx.Lock()
+        self._free = [ctx.Semaphore(chunks_per_worker) for _ in range(self.num_workers)]
+        self._read = 0
+        self._flat: dict[int, dict[str, Any]] = {}
+        self._banks: dict[str, Any] = {}
+
+    @property
+    def capacity_frames(self) -> int:
+        """Most transitions that can be buffered (completed or being written)."""
+        return sum(self.rows) * self.chunk_len * self.chunks_per_worker
+
+    def writer(self, worker: int) -> ChunkWriter:
+        return ChunkWriter(self._arena, self.fields, worker, self.rows[worker], self.chunk_len,
+                           self.chunks_per_worker, self._free[worker], self._ready, self._ring_lock)
+
+    # ------------------------------------------------------------ driver side
+    def next_ready(self, timeout: float) -> int | None:
+        """Id of the oldest complete chunk, or None after ``timeout`` seconds."""
+        if not self._ready.acquire(timeout=timeout):
+            return None
+        ring = self._arena.array("ctl.ring")
+        gid = int(ring[self._read % ring.shape[0]])
+        self._read += 1
+        return gid
+
+    def worker_of(self, gid: int) -> int:
+        return gid // self.chunks_per_worker
+
+    def frames_in(self, gid: int) -> int:
+        return self.chunk_len * self.rows[self.worker_of(gid)]
+
+    def flat(self, gid: int) -> dict[str, Any]:
+        """Torch views of chunk ``gid`` flattened to ``[chunk_len * rows, ...]`` in (step, env) order."""
+        views = self._flat.get(gid)
+        if views is None:
+            rows = self.rows[self.worker_of(gid)]
+            views = {}
+            for f in self.fields:
+                t = self._arena.tensor(f.name)[gid]
+                if rows != t.shape[1]:
+                    t = t[:, :rows]  # a narrower last worker: not contiguous, copied on read
+                views[f.name] = t
+            self._flat[gid] = views
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in views.items()}
+
+    def full_width(self, gid: int) -> bool:
+        """Whether chunk ``gid`` uses every row of the bank (so chunks can be gathered in one op)."""
+        return self.rows[self.worker_of(gid)] == max(self.rows)
+
+    def gather_into(self, gids: Sequence[int], out: dict[str, Any], start: int) -> int:
+        """Copy whole full-width chunks ``gids`` into ``out[key][start:]``: one gather per field."""
+        import torch
+
+        index = torch.tensor(list(gids), dtype=torch.long)
+        frames = len(gids) * self.chunk_len * max(self.rows)
+        for f in self.fields:
+            bank = self._bank(f.name)
+            target = out[f.name][start : start + frames].view(len(gids), *bank.shape[1:])
+            torch.index_select(bank, 0, index, out=target)
+        return frames
+
+    def _bank(self, name: str) -> Any:
+        bank = self._banks.get(name)
+        if bank is None:
+            bank = self._banks[name] = self._arena.tensor(name)
+        return bank
+
+    def release(self, gid: int) -> None:
+        """Hand chunk ``gid`` back to its worker."""
+        self._free[self.worker_of(gid)].release()
+
+
+class ChunkWriter:
+    """A worker's end of the pool: fill chunks in order, commit, repeat."""
+
+    def __init__(self, arena: SharedArena, fields: Sequence[FieldSpec], worker: int, rows: int,
+                 chunk_len: int, chunks_per_worker: int, free: Any, ready: Any, ring_lock: Any) -> None:
+        self._arena, self._fields, self.worker, self.rows = arena, list(fields), worker, rows
+        self.chunk_len, self._per_worker = chunk_len, chunks_per_worker
+        self._free, self._ready, self._ring_lock = free, ready, ring_lock
+        self._next = 0
+        self._current: int | None = None
+        self._bind()
+
+    def _bind(self) -> None:
+        self._ring = self._arena.array("ctl.ring")
+        self._written = self._arena.array("ctl.written")
+        self._chunk_views: dict[int, dict[str, np.ndarray]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_ring", "_written", "_chunk_views"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def acquire(self, timeout: float) -> dict[str, np.ndarray] | None:
+        """The next free chunk's arrays (``[chunk_len, rows, ...]``), or None after ``timeout``."""
+        if not self._free.acquire(timeout=timeout):
+            return None
+        gid = self.worker * self._per_worker + self._next
+        self._next = (self._next + 1) % self._per_worker
+        self._current = gid
+        views = self._chunk_views.get(gid)
+        if views is None:
+            views = {f.name: self._arena.array(f.name)[gid, :, : self.rows] for f in self._fields}
+            self._chunk_views[gid] = views
+        return views
+
+    def commit(self) -> None:
+        """Announce the current chunk as complete."""
+        gid, self._current = self._current, None
+        if gid is None:
+            raise RuntimeError("commit() without an acquired chunk")
+        with self._ring_lock:
+            index = int(self._written[0])
+            self._ring[index % self._ring.shape[0]] = gid
+            self._written[0] = index + 1
+        self._ready.release()
+
+
+def thread_context() -> Any:
+    """The sync-primitive provider for in-process (thread) pools."""
+    return threading

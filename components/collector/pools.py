@@ -1,0 +1,150 @@
+"""Env worker backends: the same worker loop in threads or in spawned processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from components.collector.chunks import ChunkWriter
+from components.collector.worker import WorkerControl, run_worker
+from components.env_block import EnvBlock
+from components.lifecycle import become_child, force_stop, limit_threads, on_main_thread, set_affinity
+
+
+@dataclass(frozen=True)
+class WorkerAssignment:
+    """Which envs a worker hosts and how they are seeded."""
+
+    worker: int
+    env_ids: tuple[int, ...]
+    seeds: tuple[int, ...]
+
+
+class _BlockMaker:
+    """Picklable ``() -> EnvBlock`` (a lambda would not survive spawn)."""
+
+    def __init__(self, factory: Callable[[], Any], assignment: WorkerAssignment) -> None:
+        self.factory, self.assignment = factory, assignment
+
+    def __call__(self) -> EnvBlock:
+        return EnvBlock(self.factory, self.assignment.env_ids, self.assignment.seeds)
+
+
+def _process_main(
+    assignment: WorkerAssignment,
+    factory: Callable[[], Any],
+    channel: Any,
+    writer: ChunkWriter,
+    control: WorkerControl,
+    mode: int,
+    response_keys: tuple[str, ...],
+    affinity: list[int] | None,
+    parent_pid: int,
+    from_main_thread: bool,
+) -> None:
+    become_child(parent_pid, from_main_thread)
+    limit_threads()
+    set_affinity(affinity)
+    try:
+        run_worker(assignment.worker, _BlockMaker(factory, assignment), channel, writer, control, mode, response_keys)
+    except BaseException:  # noqa: BLE001 - already reported through control
+        os._exit(1)
+
+
+class ThreadWorkers:
+    """Workers as daemon threads of the driver (cheap to start, share the GIL)."""
+
+    backend = "thread"
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+
+    def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
+              channels: Sequence[Any], writers: Sequence[ChunkWriter], control: WorkerControl,
+              mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
+        for a, channel, writer in zip(assignments, channels, writers):
+            thread = threading.Thread(
+                target=self._run,
+                args=(a.worker, _BlockMaker(factory, a), channel, writer, control, mode, response_keys),
+                name=f"env-worker-{a.worker}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    @staticmethod
+    def _run(*args: Any) -> None:
+        try:
+            run_worker(*args)
+        except BaseException:  # noqa: BLE001 - reported through control; the driver raises
+            pass
+
+    def alive(self, worker: int) -> bool:
+        return self._threads[worker].is_alive()
+
+    def exit_description(self, worker: int) -> str:
+        return "its thread ended"
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def any_alive(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def __len__(self) -> int:
+        return len(self._threads)
+
+
+class ProcessWorkers:
+    """Workers as spawned processes that import only numpy and the env stack."""
+
+    backend = "process"
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self._processes: list[Any] = []
+
+    def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
+              channels: Sequence[Any], writers: Sequence[ChunkWriter], control: WorkerControl,
+              mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
+        from_main = on_main_thread()
+        for a, channel, writer in zip(assignments, channels, writers):
+            cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
+            process = self._ctx.Process(
+                target=_process_main,
+                args=(a, factory, channel, writer, control, mode, response_keys, cpus, os.getpid(), from_main),
+                name=f"env-worker-{a.worker}",
+                daemon=True,
+            )
+            process.start()
+            self._processes.append(process)
+
+    def alive(self, worker: int) -> bool:
+        return self._processes[worker].is_alive()
+
+    def exit_description(self, worker: int) -> str:
+        code = self._processes[worker].exitcode
+        return f"its process exited with code {code}" if code is not None else "its process is running"
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
+            force_stop(process)
+
+    def any_alive(self) -> bool:
+        return any(p.is_alive() for p in self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes]
+
+    def __len__(self) -> int:
+        return len(self._processes)

@@ -1,0 +1,195 @@
+"""The env worker loop, identical in a thread and in a process.
+
+    obs block -> request -> (copy obs into the chunk while the server works)
+    -> actions -> step envs (transition written into the chunk row)
+    -> full chunk? commit, take the next free one
+
+Every blocking wait is bounded so a worker always notices stop and pause
+requests. Time is split into env stepping, waiting for actions and waiting
+for a free chunk, which tells an env-bound run from an inference-bound or a
+trainer-bound one.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from components.collector.chunks import ChunkWriter
+from components.env_block import NEXT_KEYS, EnvBlock
+from components.shm import FieldSpec, SharedArena
+
+_WAIT_S = 0.05
+_ERROR_BYTES = 4096
+
+# Status codes of the control block.
+STARTING, RUNNING, FAILED, EXITED = 0, 1, 2, 3
+#: Columns of the per-worker timing table.
+TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames")
+
+
+class ActionChannel(Protocol):
+    """How a worker gets actions: write ``request``, ``submit``, ``wait``."""
+
+    request: dict[str, np.ndarray]
+
+    def submit(self, rows: int | None = None, mode: int | None = None) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]: ...
+
+
+class WorkerControl:
+    """Shared flags and counters between the driver and its workers."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._arena = SharedArena([
+            FieldSpec("stop", (1,), "int8"),
+            FieldSpec("pause", (1,), "int8"),
+            FieldSpec("paused", (num_workers,), "int8"),
+            FieldSpec("status", (num_workers,), "int8"),
+            FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
+            FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
+        ])
+        self._bind()
+
+    def _bind(self) -> None:
+        a = self._arena
+        self.stop, self.pause, self.paused = a.array("stop"), a.array("pause"), a.array("paused")
+        self.status, self.timing = a.array("status"), a.array("timing")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_arena": self._arena}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def fail(self, worker: int, message: str) -> None:
+        data = message.encode("utf-8", "replace")[: _ERROR_BYTES - 1]
+        err = self._arena.array("error")
+        err[worker, :] = 0
+        err[worker, : len(data)] = np.frombuffer(data, np.uint8)
+        self.status[worker] = FAILED
+
+    def error(self, worker: int) -> str:
+        raw = bytes(self._arena.array("error")[worker])
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class _Stopped(Exception):
+    pass
+
+
+def run_worker(
+    worker: int,
+    make_block: Callable[[], EnvBlock],
+    channel: ActionChannel,
+    chunks: ChunkWriter,
+    control: WorkerControl,
+    interaction_mode: int,
+    response_keys: tuple[str, ...],
+) -> None:
+    """Run until ``control.stop``; report failures through ``control``."""
+    try:
+        block = make_block()
+    except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
+        control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
+        raise
+    try:
+        control.status[worker] = RUNNING
+        _loop(worker, block, channel, chunks, control, interaction_mode, response_keys)
+        control.status[worker] = EXITED
+    except _Stopped:
+        control.status[worker] = EXITED
+    except BaseException as exc:
+        if not control.stop[0]:
+            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            control.fail(worker, f"env worker {worker} (envs {block.env_ids.min()}-{block.env_ids.max()}) failed: {detail}")
+            raise
+        control.status[worker] = EXITED
+    finally:
+        block.close()
+
+
+def _park(worker: int, control: WorkerControl) -> None:
+    control.paused[worker] = 1
+    while control.pause[0] and not control.stop[0]:
+        time.sleep(0.005)
+    control.paused[worker] = 0
+
+
+def _loop(
+    worker: int,
+    block: EnvBlock,
+    channel: ActionChannel,
+    chunks: ChunkWriter,
+    control: WorkerControl,
+    mode: int,
+    response_keys: tuple[str, ...],
+) -> None:
+    n = len(block)
+    obs = channel.request["observation"][:n]
+    block.reset(obs)
+    stop, pause, timing = control.stop, control.pause, control.timing[worker]
+    env_index = block.env_ids
+    clock = time.perf_counter
+    chunk: dict[str, np.ndarray] | None = None
+    t = 0
+    while not stop[0]:
+        if pause[0]:
+            _park(worker, control)
+            continue
+        if chunk is None:
+            started = clock()
+            chunk = chunks.acquire(_WAIT_S)
+            timing[2] += clock() - started
+            if chunk is None:
+                continue  # re-check stop and pause
+            t = 0
+        started = clock()
+        channel.submit(n, mode)
+        # Overlap with the server's work: record what this step acted on.
+        chunk["observation"][t] = obs
+        chunk["env_index"][t] = env_index
+        chunk["env_step"][t] = block.env_step
+        while True:
+            try:
+                response = channel.wait(_WAIT_S * 20)
+                break
+            except TimeoutError:
+                if stop[0]:
+                    raise _Stopped() from None
+        waited = clock()
+        timing[1] += waited - started
+        for key in response_keys:
+            chunk[key][t] = response[key][:n]
+        row = {key: chunk[key][t] for key in NEXT_KEYS}
+        block.step(response["action"][:n], row, obs)
+        timing[0] += clock() - waited
+        timing[3] += 1
+        timing[4] += n
+        t += 1
+        if t == chunks.chunk_len:
+            chunks.commit()
+            chunk = None
+
+
+def transition_fields(observation: FieldSpec, response: tuple[FieldSpec, ...]) -> list[FieldSpec]:
+    """Per-env fields of one stored transition: what acted, what came back, what followed."""
+    return [
+        observation,
+        *response,
+        FieldSpec("next.observation", observation.shape, observation.dtype),
+        FieldSpec("next.reward", (), "float32"),
+        FieldSpec("next.terminated", (), "bool"),
+        FieldSpec("next.truncated", (), "bool"),
+        FieldSpec("next.done", (), "bool"),
+        FieldSpec("next.episode_return", (), "float32"),
+        FieldSpec("next.episode_length", (), "int64"),
+        FieldSpec("env_index", (), "int64"),
+        FieldSpec("env_step", (), "int64"),
+    ]

@@ -1,0 +1,184 @@
+"""Environment factories and the spec a collector graph is laid out from.
+
+Factories are small picklable dataclasses: a worker process receives the
+factory, not an environment, and builds its envs itself. Only numpy and
+gymnasium are imported here so env worker processes start in a fraction of a
+second (no torch).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from components.shm import FieldSpec
+
+
+class EnvConfigError(ValueError):
+    """An environment the user named cannot be built (bad id, missing extra)."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the rest of the graph needs to know about an env, without the env.
+
+    ``action_kind`` is ``"discrete"`` (``action_n`` choices, int64 scalar
+    actions) or ``"continuous"`` (float32 vectors of ``action_shape`` within
+    ``action_low``..``action_high``).
+    """
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    action_kind: str
+    action_n: int = 0
+    action_shape: tuple[int, ...] = ()
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def action_dtype(self) -> str:
+        return "int64" if self.action_kind == "discrete" else "float32"
+
+    def observation_field(self, name: str = "observation") -> FieldSpec:
+        return FieldSpec(name, self.obs_shape, self.obs_dtype)
+
+    def action_field(self) -> FieldSpec:
+        return FieldSpec("action", self.action_shape, self.action_dtype)
+
+    @classmethod
+    def from_env(cls, env: Any) -> EnvSpec:
+        """Read the spec off a constructed gymnasium env."""
+        from gymnasium import spaces
+
+        obs_space, act_space = env.observation_space, env.action_space
+        if isinstance(obs_space, spaces.Box):
+            obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype).name
+        elif isinstance(obs_space, spaces.Discrete):
+            obs_shape, obs_dtype = (), "int64"
+        else:
+            raise EnvConfigError(
+                f"observation space {obs_space} is not supported (Box or Discrete only)"
+            )
+        if isinstance(act_space, spaces.Discrete):
+            return cls(obs_shape, obs_dtype, "discrete", action_n=int(act_space.n))
+        if isinstance(act_space, spaces.Box):
+            return cls(
+                obs_shape,
+                obs_dtype,
+                "continuous",
+                action_shape=tuple(act_space.shape),
+                action_low=tuple(float(x) for x in np.ravel(act_space.low)),
+                action_high=tuple(float(x) for x in np.ravel(act_space.high)),
+            )
+        raise EnvConfigError(
+            f"action space {act_space} is not supported (Discrete or Box only)"
+        )
+
+
+def env_seeds(seed: int, num_envs: int) -> list[int]:
+    """Distinct, independent seeds for every env, derived from one run seed.
+
+    ``SeedSequence.spawn`` gives statistically independent streams, so seed 0
+    and seed 1 never share an env seed the way ``seed + i`` schemes do.
+    """
+    children = np.random.SeedSequence(seed).spawn(num_envs)
+    return [int(child.generate_state(1, dtype=np.uint32)[0]) for child in children]
+
+
+def _ensure_registered(env_id: str) -> None:
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+        except ImportError as err:
+            raise EnvConfigError(
+                f"env id {env_id!r} needs ale-py: pip install 'rlpipeline[atari]'"
+            ) from err
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail with one clear line when ``env_id`` is not a registered gymnasium id."""
+    import gymnasium as gym
+
+    _ensure_registered(env_id)
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise EnvConfigError(f"{env_id!r} is not a registered gymnasium environment{hint}")
+
+
+@dataclass
+class GymEnvFactory:
+    """Builds any registered gymnasium env by id.
+
+    Examples:
+        >>> env = GymEnvFactory("CartPole-v1")()
+        >>> env.observation_space.shape
+        (4,)
+    """
+
+    id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Any:
+        import gymnasium as gym
+
+        _ensure_registered(self.id)
+        return gym.make(self.id, **dict(self.kwargs))
+
+
+@dataclass
+class AtariEnvFactory:
+    """ALE env with the standard DQN/PPO preprocessing, uint8 frame stacks.
+
+    The ALE env runs at frameskip 1 and gymnasium's ``AtariPreprocessing``
+    does the skipping (max-pooling the last two frames), the noop starts,
+    the 84x84 grey resize, then ``FrameStackObservation`` stacks 4 frames:
+    observations are ``uint8[frame_stack, screen_size, screen_size]``.
+    """
+
+    id: str = "ALE/Pong-v5"
+    frame_skip: int = 4
+    noop_max: int = 30
+    screen_size: int = 84
+    frame_stack: int = 4
+    terminal_on_life_loss: bool = False
+    repeat_action_probability: float = 0.25
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Any:
+        import gymnasium as gym
+        from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+        _ensure_registered(self.id)
+        env = gym.make(
+            self.id,
+            frameskip=1,
+            repeat_action_probability=self.repeat_action_probability,
+            **dict(self.kwargs),
+        )
+        env = AtariPreprocessing(
+            env,
+            noop_max=self.noop_max,
+            frame_skip=self.frame_skip,
+            screen_size=self.screen_size,
+            terminal_on_life_loss=self.terminal_on_life_loss,
+            grayscale_obs=True,
+            scale_obs=False,
+        )
+        return FrameStackObservation(env, self.frame_stack)
+
+
+def probe_env_spec(factory: Any) -> EnvSpec:
+    """Build one env, read its spec, close it."""
+    env = factory()
+    try:
+        return EnvSpec.from_env(env)
+    finally:
+        env.close()

@@ -1,0 +1,41 @@
+"""Driver relay: worker processes' requests reach the real server via the driver.
+
+With ``transport=driver`` and process workers, each worker still talks to a
+fixed shared slot, but the slots are served by one driver thread instead of
+the inference server: it drains whichever workers are ready, forwards them
+upstream as one request, and scatters the answer back. It is a
+:class:`~components.inference.server.ServeLoop` whose "model" is
+:class:`UpstreamPolicy`, so batching, fairness and error delivery are the
+server's own code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from components.inference.slots import SlotClient
+
+
+class UpstreamPolicy:
+    """Looks like a served model; forwards each batch to an upstream transport client."""
+
+    in_keys = ("observation",)
+
+    def __init__(self, upstream: Any, timeout: float = 60.0) -> None:
+        self._upstream = upstream
+        self._timeout = timeout
+
+    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = modes.shape[0]
+        if isinstance(self._upstream, SlotClient):
+            for key, target in self._upstream.request.items():
+                target[:rows] = inputs[key].numpy()
+            self._upstream.modes[:rows] = modes.numpy()
+            self._upstream.submit(rows)
+            response = self._upstream.wait(self._timeout)
+            # Views of the upstream slot: the relay copies them out before its next submit.
+            return {k: torch.from_numpy(v[:rows]) for k, v in response.items()}
+        future = self._upstream.submit(inputs, modes)
+        return dict(future.result(self._timeout))

@@ -1,0 +1,212 @@
+"""Actor-critic networks and the action heads they act through.
+
+Every served model implements one hot-path method, ``act(inputs, modes)``:
+plain tensors in, a dict of tensors out, the interaction mode given per row.
+Trainers use ``forward``/``evaluate``. Models are rebuilt from a
+:class:`ModelSpec` (an import path and keyword arguments) inside an inference
+process, so no module is ever pickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from components.envs import EnvSpec
+from components.interaction import InteractionMode
+
+
+def _layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+    # Orthogonal init with per-layer gains: the PPO implementation detail
+    # that matters most for fast, stable early learning (Huang et al. 2022).
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [_layer_init(nn.Linear(in_dim, width)), activation()]
+        in_dim = width
+    return nn.Sequential(*layers)
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature encoder; uint8 frames are scaled to [0, 1] inside."""
+
+    def __init__(self, in_channels: int, screen_size: int = 84, features: int = 512) -> None:
+        super().__init__()
+        self.convs = nn.Sequential(
+            _layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            _layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            _layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, in_channels, screen_size, screen_size)).shape[1]
+        self.fc = nn.Sequential(_layer_init(nn.Linear(flat, features)), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(obs.float() / 255.0))
+
+
+class CategoricalHead(nn.Module):
+    """Discrete actions: samples with the Gumbel-max trick, greedy is argmax."""
+
+    def act(self, logits: torch.Tensor, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = F.log_softmax(logits, dim=-1)
+        noise = torch.rand_like(log_probs).clamp_(min=1e-20).log_().neg_().log_()
+        action = (log_probs - noise).argmax(-1)
+        if greedy is not None:
+            action = torch.where(greedy, log_probs.argmax(-1), action)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+    def evaluate(self, logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = F.log_softmax(logits, dim=-1)
+        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_prob, entropy
+
+
+class GaussianHead(nn.Module):
+    """Continuous actions: a diagonal Gaussian with a state-independent log-std.
+
+    Actions are sampled unbounded (the env block clips them to the action
+    box), so the stored log-probability matches the sampled action exactly.
+    """
+
+    def __init__(self, dim: int, init_log_std: float = 0.0) -> None:
+        super().__init__()
+        self.log_std = nn.Parameter(torch.full((dim,), init_log_std))
+
+    def act(self, mean: torch.Tensor, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        std = self.log_std.exp()
+        action = mean + std * torch.randn_like(mean)
+        if greedy is not None:
+            action = torch.where(greedy.unsqueeze(-1), mean, action)
+        return action, self._log_prob(mean, action)
+
+    def _log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        var = (2 * self.log_std).exp()
+        return (-((action - mean) ** 2) / (2 * var) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def evaluate(self, mean: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[0])
+        return self._log_prob(mean, action), entropy
+
+
+def _greedy_rows(modes: torch.Tensor | None) -> torch.Tensor | None:
+    if modes is None:
+        return None
+    greedy = modes != int(InteractionMode.RANDOM)
+    return greedy if bool(greedy.any()) else None
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks over a vector or image-stack observation.
+
+    ``encoder="mlp"`` uses separate actor and critic MLPs (the CleanRL
+    CartPole layout); ``encoder="nature_cnn"`` shares one Nature-CNN trunk
+    between the two heads (the CleanRL Atari layout).
+
+    Examples:
+        >>> spec = EnvSpec((4,), "float32", "discrete", action_n=2)
+        >>> model = ActorCritic(spec, hidden=(16,))
+        >>> out = model.act({"observation": torch.zeros(3, 4)}, torch.zeros(3, dtype=torch.int8))
+        >>> sorted(out), out["action"].shape
+        (['action', 'sample_log_prob', 'state_value'], torch.Size([3]))
+    """
+
+    in_keys = ("observation",)
+    out_keys = ("action", "sample_log_prob", "state_value")
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        encoder: str = "mlp",
+        hidden: Sequence[int] = (64, 64),
+        features: int = 512,
+        init_log_std: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        if spec.action_kind == "discrete":
+            self.head: nn.Module = CategoricalHead()
+            action_dim = spec.action_n
+        else:
+            action_dim = int(math.prod(spec.action_shape))
+            self.head = GaussianHead(action_dim, init_log_std)
+        if encoder == "mlp":
+            in_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
+            hidden = tuple(hidden)
+            self.shared: nn.Module | None = None
+            self.actor = nn.Sequential(mlp(in_dim, hidden), _layer_init(nn.Linear(hidden[-1], action_dim), 0.01))
+            self.critic = nn.Sequential(mlp(in_dim, hidden), _layer_init(nn.Linear(hidden[-1], 1), 1.0))
+        elif encoder == "nature_cnn":
+            if len(spec.obs_shape) != 3:
+                raise ValueError(f"nature_cnn needs [C, H, W] observations, got shape {spec.obs_shape}")
+            self.shared = NatureCNN(spec.obs_shape[0], spec.obs_shape[1], features)
+            self.actor = _layer_init(nn.Linear(features, action_dim), 0.01)
+            self.critic = _layer_init(nn.Linear(features, 1), 1.0)
+        else:
+            raise ValueError(f"unknown encoder {encoder!r} (allowed: mlp, nature_cnn)")
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.shared is not None:
+            return self.shared(obs)
+        return obs.reshape(obs.shape[0], -1).float()
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distribution parameters (logits or mean) and state values."""
+        x = self._features(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        params, value = self(inputs["observation"])
+        action, log_prob = self.head.act(params, _greedy_rows(modes))
+        if self.spec.action_kind == "continuous":
+            action = action.reshape(action.shape[0], *self.spec.action_shape)
+        return {"action": action, "sample_log_prob": log_prob, "state_value": value}
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability of ``action``, entropy and value, for the loss."""
+        params, value = self(obs)
+        if self.spec.action_kind == "continuous":
+            action = action.reshape(action.shape[0], -1)
+        log_prob, entropy = self.head.evaluate(params, action)
+        return log_prob, entropy, value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An import path plus keyword arguments: how to rebuild a model anywhere.
+
+    Examples:
+        >>> spec = ModelSpec("components.models.ActorCritic", {"hidden": [8]})
+        >>> env = EnvSpec((4,), "float32", "discrete", action_n=2)
+        >>> type(spec.build(env)).__name__
+        'ActorCritic'
+    """
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, env_spec: EnvSpec) -> nn.Module:
+        module_name, _, attr = self.target.rpartition(".")
+        factory = getattr(importlib.import_module(module_name), attr)
+        return factory(env_spec, **self.kwargs)

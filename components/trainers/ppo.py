@@ -1,0 +1,217 @@
+"""Proximal Policy Optimisation on batches from an asynchronous collector.
+
+Reads top to bottom like CleanRL's ``ppo.py``, with two differences that
+asynchronous collection needs:
+
+* the batch is a set of transitions from many envs, possibly produced by a
+  few successive policy versions. Transitions more than ``max_policy_lag``
+  versions old are dropped; the rest are ordered per env (``env_index``,
+  ``env_step``) to compute GAE.
+* the importance ratio uses the behaviour log-probabilities and the GAE uses
+  the behaviour values the inference server returned with each action, so
+  no extra forward pass over the batch is needed. Only where a trajectory
+  is cut (a time-limit truncation, or the end of an env's run inside this
+  batch) is the successor's value computed, with the current network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass
+class PPOConfig:
+    """What one PPO run does: its budget, its stopping rule, its hyper-parameters.
+
+    Hyper-parameters keep the CleanRL names and meanings. ``target_return``
+    stops the run once the mean return of the last ``target_window``
+    episodes reaches it (``None``: run to ``total_frames``).
+    """
+
+    name: str = "ppo"
+    frames_per_batch: int = 256
+    total_frames: int = 100_000
+    target_return: float | None = None
+    target_window: int = 20
+    lr: float = 2.5e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    minibatches: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float | None = None
+    max_policy_lag: int = 2
+    adam_eps: float = 1e-5
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminated: np.ndarray,
+    continues: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> np.ndarray:
+    """Generalised advantage estimates over rows ordered per env and step.
+
+    ``continues[i]`` says row ``i + 1`` is the same episode's next step, so
+    the advantage recursion flows through it; elsewhere the chain is cut and
+    ``next_values[i]`` (zero where terminated) bootstraps it.
+
+    Examples:
+        >>> adv = gae(np.ones(2), np.zeros(2), np.zeros(2), np.array([False, True]),
+        ...           np.array([True, False]), gamma=1.0, lam=1.0)
+        >>> adv.tolist()
+        [2.0, 1.0]
+    """
+    deltas = rewards + gamma * next_values * ~terminated - values
+    carry = (gamma * lam) * continues
+    adv = np.zeros_like(deltas)
+    running = 0.0
+    for i in range(len(deltas) - 1, -1, -1):
+        running = deltas[i] + carry[i] * running
+        adv[i] = running
+    return adv
+
+
+class PPOTrainer:
+    """Owns the learner's model and optimiser; one :meth:`update` per batch.
+
+    ``version`` counts updates; the runner pushes the weights after each
+    one, so it is the version the inference server will stamp next.
+    """
+
+    def __init__(self, model: nn.Module, config: PPOConfig, *, device: str = "cpu") -> None:
+        self.model = model.to(device)
+        self.config = config
+        self.device = torch.device(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
+        self.version = 0
+        self.frames = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "version": self.version, "frames": self.frames}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.frames = int(state["version"]), int(state["frames"])
+
+    def _advantages(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        env = batch["env_index"].numpy()
+        step = batch["env_step"].numpy()
+        terminated = batch["next", "terminated"].numpy()
+        truncated = batch["next", "truncated"].numpy()
+        values = batch["state_value"].numpy().astype(np.float64)
+        follows = np.zeros(len(env), bool)
+        follows[:-1] = (env[1:] == env[:-1]) & (step[1:] == step[:-1] + 1)
+        done = terminated | truncated
+        continues = follows & ~done
+        next_values = np.zeros_like(values)
+        next_values[:-1] = values[1:]
+        # Cut trajectories need the successor's value: truncated episodes and
+        # each env's last transition in this batch.
+        cut = ~terminated & (truncated | ~follows)
+        if cut.any():
+            with torch.no_grad():
+                idx = torch.from_numpy(np.flatnonzero(cut))
+                obs = batch["next", "observation"][idx].to(self.device)
+                next_values[cut] = self.model.value(obs).double().cpu().numpy()
+        adv = gae(batch["next", "reward"].numpy().astype(np.float64), values, next_values,
+                  terminated, continues, cfg.gamma, cfg.gae_lambda)
+        adv_t = torch.from_numpy(adv).float()
+        return adv_t, adv_t + torch.from_numpy(values).float()
+
+    def update(self, batch: Any) -> dict[str, float]:
+        """One PPO update on ``batch``; returns training metrics."""
+        cfg = self.config
+        progress = self.frames / cfg.total_frames if cfg.total_frames > 0 else 0.0
+        self.frames += batch.numel()
+        lag = self.version - batch["policy_version"]
+        keep = lag <= cfg.max_policy_lag
+        metrics: dict[str, float] = {
+            "policy_lag_mean": float(lag.float().mean()),
+            "policy_lag_max": float(lag.max()),
+            "dropped_stale_frames": float((~keep).sum()),
+        }
+        if not bool(keep.all()):
+            batch = batch[keep]
+        if batch.numel() < 2:
+            return metrics
+        order = torch.from_numpy(np.lexsort((batch["env_step"].numpy(), batch["env_index"].numpy())))
+        batch = batch[order]
+        advantages, returns = self._advantages(batch)
+
+        if cfg.anneal_lr:
+            lr = cfg.lr * max(0.0, 1.0 - progress)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        obs = batch["observation"].to(self.device)
+        actions = batch["action"].to(self.device)
+        old_log_probs = batch["sample_log_prob"].to(self.device)
+        old_values = batch["state_value"].to(self.device)
+        advantages, returns = advantages.to(self.device), returns.to(self.device)
+
+        n = batch.numel()
+        mb_size = max(1, n // cfg.minibatches)
+        clip_fracs, approx_kls = [], []
+        pg_loss = v_loss = entropy_loss = torch.zeros(())
+        grad_norm = torch.zeros(())
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(n, device=self.device)
+            for start in range(0, n - mb_size + 1, mb_size):
+                mb = perm[start : start + mb_size]
+                log_prob, entropy, value = self.model.evaluate(obs[mb], actions[mb])
+                log_ratio = log_prob - old_log_probs[mb]
+                ratio = log_ratio.exp()
+                with torch.no_grad():
+                    approx_kls.append(((ratio - 1) - log_ratio).mean())
+                    clip_fracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean())
+                mb_adv = advantages[mb]
+                if cfg.norm_adv and mb_adv.numel() > 1:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                pg_loss = torch.max(
+                    -mb_adv * ratio, -mb_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                ).mean()
+                if cfg.clip_vloss:
+                    v_clipped = old_values[mb] + (value - old_values[mb]).clamp(-cfg.clip_coef, cfg.clip_coef)
+                    v_loss = 0.5 * torch.max((value - returns[mb]) ** 2, (v_clipped - returns[mb]) ** 2).mean()
+                else:
+                    v_loss = 0.5 * ((value - returns[mb]) ** 2).mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+            if cfg.target_kl is not None and float(torch.stack(approx_kls[-cfg.minibatches:]).mean()) > cfg.target_kl:
+                break
+        self.version += 1
+        var_y = returns.var()
+        explained = float(1 - (returns - old_values).var() / var_y) if var_y > 0 else float("nan")
+        metrics.update(
+            policy_loss=float(pg_loss.detach()),
+            value_loss=float(v_loss.detach()),
+            entropy=float(entropy_loss.detach()),
+            approx_kl=float(torch.stack(approx_kls).mean()),
+            clip_fraction=float(torch.stack(clip_fracs).mean()),
+            explained_variance=explained,
+            grad_norm=float(grad_norm),
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            trained_frames=float(n),
+        )
+        return metrics

@@ -1,0 +1,1 @@
+"""The runner: config -> resolved plan -> running collector graph -> trainer loop."""

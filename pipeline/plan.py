@@ -1,0 +1,156 @@
+"""Resolve the config's ``auto`` choices into a printable plan of the collector graph.
+
+:func:`resolve_plan` is a pure function of the config and a :class:`Machine`
+description, so every choice (and its reason) is testable without starting
+anything. ``auto`` never decides silently: each resolved choice carries the
+sentence the runner prints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+from components.collector.collector import GraphSpec
+from components.inference.server import ServerConfig
+
+#: Fewest transitions per message that chunking=auto gives process workers:
+#: below that the driver's per-message work competes with training.
+AUTO_MIN_TRANSITIONS = 64
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan may depend on besides the config."""
+
+    cpus: int
+    cuda: bool
+    cuda_count: int = 0
+
+    @classmethod
+    def detect(cls) -> Machine:
+        import torch
+
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cuda = torch.cuda.is_available()
+        return cls(cpus=cpus, cuda=cuda, cuda_count=torch.cuda.device_count() if cuda else 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved collector graph and where the trainer runs, with reasons."""
+
+    graph: GraphSpec
+    server: ServerConfig
+    trainer_device: str
+    reasons: tuple[tuple[str, str], ...] = field(default=())
+
+    def reason(self, key: str) -> str:
+        return dict(self.reasons).get(key, "")
+
+    def lines(self) -> list[str]:
+        g = self.graph
+        out = [
+            f"envs      {g.num_envs} in {g.num_workers} {g.workers} worker(s) of up to {g.envs_per_worker}",
+        ]
+        out += [f"{key:<9} {text}" for key, text in self.reasons]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(["plan:", *("  " + line for line in self.lines())])
+
+
+def _device(value: str, machine: Machine) -> tuple[str, str]:
+    if value == "auto":
+        if machine.cuda:
+            return "cuda", "auto -> cuda: a CUDA device is available"
+        return "cpu", "auto -> cpu: no CUDA device on this machine"
+    return value, value
+
+
+def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
+    """Turn ``cfg`` (already validated) into a :class:`Plan` for ``machine``."""
+    workers = str(cfg.workers.backend)
+    transport = str(cfg.transport.kind)
+    server = str(cfg.server.backend)
+    num_envs, per_worker = int(cfg.env.num_envs), int(cfg.env.envs_per_worker)
+    frames_per_batch = int(cfg.trainer.frames_per_batch)
+    reasons: list[tuple[str, str]] = []
+
+    policy_device, policy_note = _device(str(cfg.device.policy_device), machine)
+    trainer_device, trainer_note = _device(str(cfg.device.trainer_device), machine)
+
+    if transport == "auto":
+        if workers != "process":
+            transport, why = "driver", "auto -> driver: env workers are threads of the driver"
+        elif not (policy_device == "cpu" or policy_device.startswith("cuda")):
+            transport, why = "driver", f"auto -> driver: policy_device={policy_device} cannot share weights with another process"
+        else:
+            transport, why = "slots", "auto -> slots: env worker processes reach the inference process through shared slots"
+            if server != "process":
+                why += "; server=thread -> process (transport=slots server=thread keeps it in the driver)"
+                server = "process"
+        reasons.append(("transport", why))
+    else:
+        reasons.append(("transport", transport))
+
+    where = "a dedicated process" if server == "process" else "a driver thread"
+    device_text = policy_device if policy_note == policy_device else f"{policy_device} ({policy_note})"
+    split = ""
+    if cfg.server.max_batch_size < min(per_worker, num_envs):
+        passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
+        split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
+    reasons.append((
+        "server",
+        f"{server}: policy on {device_text} in {where}, batches of "
+        f"{cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}",
+    ))
+
+    mode = str(cfg.chunking.mode)
+    if mode == "fixed":
+        chunk_len, why = int(cfg.chunking.size), f"fixed: {cfg.chunking.size} steps per message"
+    elif mode == "step":
+        chunk_len, why = 1, "step: every step is a message"
+    elif workers == "process":
+        per_batch = max(1, frames_per_batch // num_envs)
+        at_least = math.ceil(AUTO_MIN_TRANSITIONS / per_worker)
+        at_most = max(1, frames_per_batch // per_worker)
+        chunk_len = min(max(at_least, per_batch), at_most)
+        why = (f"auto -> {chunk_len} steps x {per_worker} envs per message: at least {AUTO_MIN_TRANSITIONS} "
+               f"transitions, frames_per_batch // num_envs = {per_batch} steps when larger, never above a batch")
+    else:
+        chunk_len, why = 1, "auto -> 1 step per message: thread workers have no process boundary to amortise"
+    reasons.append(("chunking", why))
+    reasons.append(("device", f"policy {policy_device}, trainer {trainer_device}"
+                    + (f" ({trainer_note})" if trainer_note != trainer_device else "")))
+    target = cfg.trainer.target_return
+    reasons.append((
+        "trainer",
+        f"{cfg.trainer.name}: {frames_per_batch} frames per batch, stop at {cfg.trainer.total_frames} frames"
+        + (f" or a mean return >= {target} over {cfg.trainer.target_window} episodes" if target is not None else ""),
+    ))
+
+    graph = GraphSpec(
+        workers=workers,
+        transport=transport,
+        server=server,
+        num_envs=num_envs,
+        envs_per_worker=min(per_worker, num_envs),
+        chunk_len=chunk_len,
+        chunks_per_worker=cfg.chunking.chunks_per_worker,
+        worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
+    )
+    server_cfg = ServerConfig(
+        max_batch_size=int(cfg.server.max_batch_size),
+        min_batch_size=int(cfg.server.min_batch_size),
+        timeout=float(cfg.server.timeout),
+        stats_window=int(cfg.server.stats_window),
+        device=policy_device,
+        output_device="cpu",
+        num_threads=int(cfg.server.num_threads),
+        seed=int(cfg.seed),
+    )
+    return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, reasons=tuple(reasons))

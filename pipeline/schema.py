@@ -1,0 +1,165 @@
+"""Structured-config schemas, one per config group, registered in Hydra's ConfigStore.
+
+Every option file in ``conf/<group>/`` starts with ``defaults: [base_<group>]``,
+so a misspelt key or a wrong type fails at compose time, before anything
+starts. Value checks that need more than a type (ranges, cross-group rules,
+the machine) live in :mod:`pipeline.validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from components.trainers.ppo import PPOConfig
+
+
+@dataclass
+class EnvSchema:
+    #: short label used in run names and the plan
+    name: str = MISSING
+    #: gymnasium id
+    id: str = MISSING
+    #: environments in total
+    num_envs: int = 8
+    #: environments one worker hosts and sends as one request
+    envs_per_worker: int = 8
+    #: ``_target_`` of a picklable ``() -> gymnasium.Env`` factory
+    factory: Any = MISSING
+
+
+@dataclass
+class ModelSchema:
+    _target_: str = "components.models.ActorCritic"
+    #: mlp (vector observations) or nature_cnn (uint8 image stacks)
+    encoder: str = "mlp"
+    #: hidden widths of the MLP encoder
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    #: width of the CNN's feature layer
+    features: int = 512
+    #: initial log standard deviation of Gaussian action heads
+    init_log_std: float = 0.0
+
+
+@dataclass
+class WorkersSchema:
+    #: thread (in the driver) or process (spawned, one per block)
+    backend: str = "thread"
+    #: CPU sets for process workers, used round-robin (null: OS decides)
+    affinity: list[list[int]] | None = None
+
+
+@dataclass
+class TransportSchema:
+    #: auto, driver (through the driver process) or slots (shared memory, process workers)
+    kind: str = "auto"
+
+
+@dataclass
+class ServerSchema:
+    #: thread (in the driver) or process (dedicated inference process)
+    backend: str = "thread"
+    #: most observation rows per forward pass
+    max_batch_size: int = 256
+    #: rows to wait for (up to timeout) before a forward pass
+    min_batch_size: int = 1
+    #: seconds to keep draining while below min_batch_size
+    timeout: float = 0.002
+    #: batches the statistics window covers
+    stats_window: int = 256
+    #: torch threads of a server process
+    num_threads: int = 1
+
+
+@dataclass
+class DeviceSchema:
+    #: where the served policy runs: cpu, cuda, cuda:N or auto
+    policy_device: str = "cpu"
+    #: where the trainer's model and losses live
+    trainer_device: str = "cpu"
+    #: where server responses land (env workers read them on the host)
+    output_device: str = "cpu"
+    #: where envs consume actions
+    env_device: str = "cpu"
+    #: where collected batches are stored
+    storing_device: str = "cpu"
+
+
+@dataclass
+class ChunkingSchema:
+    #: auto, step (1 step per message) or fixed (size steps per message)
+    mode: str = "auto"
+    #: steps per message when mode=fixed
+    size: int | None = None
+    #: chunk buffers per worker (null: enough to run one batch ahead)
+    chunks_per_worker: int | None = None
+
+
+@dataclass
+class ReplaySchema:
+    #: none: on-policy training straight from collected batches
+    kind: str = "none"
+
+
+@dataclass
+class PPOSchema(PPOConfig):
+    _target_: str = "components.trainers.ppo.PPOConfig"
+
+
+@dataclass
+class LoggerSchema:
+    _target_: str = "components.metrics.MetricsLogger"
+    #: wandb (+ metrics.jsonl), jsonl (file only) or none (console only)
+    kind: str = "wandb"
+    #: seconds between logged rows
+    interval: float = 5.0
+    project: str = "rlpipeline"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    #: wandb mode: offline, online or disabled (null: $WANDB_MODE, else offline)
+    mode: str | None = None
+
+
+@dataclass
+class Config:
+    env: EnvSchema = MISSING
+    model: ModelSchema = MISSING
+    workers: WorkersSchema = MISSING
+    transport: TransportSchema = MISSING
+    server: ServerSchema = MISSING
+    device: DeviceSchema = MISSING
+    chunking: ChunkingSchema = MISSING
+    replay: Any = MISSING
+    trainer: Any = MISSING
+    logger: LoggerSchema = MISSING
+    #: one seed for everything: env seeds, sampling, network init
+    seed: int = 0
+    #: torch intra-op threads of the driver (trainer, thread server)
+    torch_threads: int = 1
+    #: show a progress bar
+    progress: bool = True
+    #: save model, optimiser and counters at the end of the run
+    checkpoint: bool = True
+
+
+def register() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, name, node in (
+        ("env", "base_env", EnvSchema),
+        ("model", "base_model", ModelSchema),
+        ("workers", "base_workers", WorkersSchema),
+        ("transport", "base_transport", TransportSchema),
+        ("server", "base_server", ServerSchema),
+        ("device", "base_device", DeviceSchema),
+        ("chunking", "base_chunking", ChunkingSchema),
+        ("replay", "base_replay", ReplaySchema),
+        ("trainer", "base_ppo", PPOSchema),
+        ("logger", "base_logger", LoggerSchema),
+    ):
+        cs.store(group=group, name=name, node=node)

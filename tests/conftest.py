@@ -1,0 +1,94 @@
+"""Shared fixtures: leak checks after every test, config composition, subprocess runs."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+
+#: Thread names the project starts; none may outlive a test.
+_OUR_THREADS = ("env-worker", "inference-server", "driver-relay", "server-commands", "replay-writer")
+
+
+def _our_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(_OUR_THREADS) and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves one of our threads or a child process behind (after reaping them)."""
+    before_children = {p.pid for p in mp.active_children()}
+    yield
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        threads = _our_threads()
+        children = [p for p in mp.active_children() if p.pid not in before_children]
+        if not threads and not children:
+            return
+        time.sleep(0.05)
+    for p in children:  # reap them so one failure does not cascade
+        p.kill()
+        p.join(1.0)
+    pytest.fail(f"leaked threads {[t.name for t in threads]} / processes {[p.name for p in children]}")
+
+
+def compose(*overrides: str):
+    """The composed config for ``overrides`` (as ``python -m pipeline`` would see it)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pipeline.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def run_pipeline(args: list[str], cwd: Path, timeout: float = 180.0, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m pipeline args`` as a user would, in its own process group.
+
+    On timeout the whole group is killed, so a hang fails the test without
+    leaving processes behind.
+    """
+    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"python -m pipeline {' '.join(args)} hung for {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def group_alive(pgid: int) -> list[int]:
+    """PIDs still alive in process group ``pgid`` (zombies excluded)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            alive.append(int(entry.name))
+    return alive

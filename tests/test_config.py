@@ -1,0 +1,149 @@
+"""Config tree: every option composes, bad values are one-line errors, auto is explained."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.plan import Machine, resolve_plan
+from pipeline.validate import ConfigError, validate
+from tests.conftest import CONF_DIR, ROOT, compose
+
+CPU_MACHINE = Machine(cpus=2, cuda=False)
+GPU_MACHINE = Machine(cpus=8, cuda=True, cuda_count=1)
+
+OPTIONS = sorted(
+    (group.name, option.stem)
+    for group in CONF_DIR.iterdir() if group.is_dir() and group.name != "experiment"
+    for option in group.glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_of_every_group_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if group == "transport" and option == "slots":
+        overrides.append("workers=process")
+    cfg = compose(*overrides)
+    if group == "device" and option == "cuda":
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            validate(cfg, cuda_available=False)
+        validate(cfg, cuda_available=True, cuda_count=1)
+        return
+    validate(cfg, cuda_available=False)
+    plan = resolve_plan(cfg, CPU_MACHINE)
+    assert plan.lines()
+
+
+def test_atari_env_picks_its_parts_but_the_command_line_wins():
+    cfg = compose("env=atari")
+    assert (cfg.model.encoder, cfg.workers.backend, cfg.trainer.frames_per_batch) == ("nature_cnn", "process", 2048)
+    cfg = compose("env=atari", "workers=thread", "model=mlp")
+    assert (cfg.model.encoder, cfg.workers.backend) == ("mlp", "thread")
+
+
+BAD = [
+    (["server.max_batch_size=0"], "server.max_batch_size=0: must be >= 1"),
+    (["server.min_batch_size=300"], "server.min_batch_size=300: must be <= server.max_batch_size=256"),
+    (["trainer.total_frames=-5"], "trainer.total_frames=-5: must be >= 1"),
+    (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0': 'NoSuchEnv-v0' is not a registered gymnasium environment"),
+    (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
+    (["device=cuda"], "device.policy_device='cuda': CUDA is not available"),
+    (["transport=slots"], "transport.kind='slots': needs workers=process"),
+    (["server.backend=gpu"], "server.backend='gpu': must be one of thread, process"),
+    (["chunking=fixed", "chunking.size=0"], "chunking.size=0: must be >= 1"),
+    (["trainer.gamma=1.5"], "trainer.gamma=1.5: must be in (0, 1]"),
+    (["workers.affinity=[[0]]"], "workers.affinity=[[0]]: only applies to workers=process"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_values_are_rejected_with_the_key_the_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*overrides), cuda_available=False)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _run_dir(args: list[str], tmp_path: Path) -> Path:
+    return tmp_path / "_".join(a.replace("=", "-").replace("[", "").replace("]", "") for a in args)
+
+
+def _cli(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args, f"hydra.run.dir={_run_dir(args, tmp_path)}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_user_sees_one_line_exit_code_2_and_no_traceback(tmp_path):
+    cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["workers=thread", "transport=slots"]]
+    procs = [(_cli(args, tmp_path), args) for args in cases]  # run side by side
+    for proc, args in procs:
+        out, err = proc.communicate(timeout=120)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 2, (args, err)
+        assert len(lines) == 1 and lines[0].startswith("config error: "), (args, err)
+        assert "Traceback" not in out + err
+        assert not (_run_dir(args, tmp_path) / "metrics.jsonl").exists(), "nothing starts on a bad config"
+
+
+def test_hydra_reports_its_own_errors(tmp_path):
+    proc = _cli(["workers=banana"], tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "workers/banana" in err
+    proc = _cli(["server.max_batch_sise=4"], tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "max_batch_sise" in err
+
+
+# ------------------------------------------------------------------ auto plan
+def test_transport_auto_with_thread_workers_relays_through_the_driver():
+    plan = resolve_plan(compose(), CPU_MACHINE)
+    assert (plan.graph.workers, plan.graph.transport, plan.graph.server) == ("thread", "driver", "thread")
+    assert "auto -> driver: env workers are threads" in plan.reason("transport")
+    assert plan.graph.chunk_len == 1 and "thread workers" in plan.reason("chunking")
+
+
+def test_transport_auto_with_process_workers_uses_slots_and_a_process_server():
+    plan = resolve_plan(compose("workers=process"), CPU_MACHINE)
+    assert (plan.graph.transport, plan.graph.server) == ("slots", "process")
+    assert "server=thread -> process" in plan.reason("transport")
+    plan = resolve_plan(compose("workers=process", "server=process"), CPU_MACHINE)
+    assert "server=thread" not in plan.reason("transport")
+
+
+def test_explicit_choices_are_kept():
+    plan = resolve_plan(compose("workers=process", "transport=slots", "server=thread"), CPU_MACHINE)
+    assert (plan.graph.transport, plan.graph.server) == ("slots", "thread")
+    plan = resolve_plan(compose("workers=process", "transport=driver", "server=process"), CPU_MACHINE)
+    assert (plan.graph.transport, plan.graph.server) == ("driver", "process")
+
+
+def test_a_block_larger_than_max_batch_size_is_served_in_slices():
+    plan = resolve_plan(compose("server.max_batch_size=3"), CPU_MACHINE)
+    assert "served in 3 passes" in plan.reason("server")
+
+
+def test_device_auto_says_what_it_found():
+    cfg = compose("device=auto")
+    assert resolve_plan(cfg, CPU_MACHINE).server.device == "cpu"
+    assert "no CUDA device" in resolve_plan(cfg, CPU_MACHINE).reason("server")
+    gpu = resolve_plan(cfg, GPU_MACHINE)
+    assert gpu.server.device == "cuda" and gpu.trainer_device == "cuda"
+
+
+@pytest.mark.parametrize(("overrides", "chunk_len"), [
+    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "trainer.frames_per_batch=256"], 32),
+    (["workers=process", "env.num_envs=64", "env.envs_per_worker=32", "trainer.frames_per_batch=1024"], 16),
+    (["workers=process", "env.num_envs=2", "env.envs_per_worker=1", "trainer.frames_per_batch=16"], 16),
+    (["workers=process", "env.num_envs=4", "env.envs_per_worker=4", "trainer.frames_per_batch=8"], 2),
+    (["workers=process", "chunking=step"], 1),
+    (["chunking=fixed", "chunking.size=7"], 7),
+])
+def test_chunking_auto_follows_its_rule(overrides, chunk_len):
+    plan = resolve_plan(compose(*overrides), CPU_MACHINE)
+    assert plan.graph.chunk_len == chunk_len

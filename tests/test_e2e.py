@@ -1,0 +1,145 @@
+"""``python -m pipeline`` as a user runs it: outputs, sweeps, Atari, Ctrl-C, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, group_alive, run_pipeline
+
+pytestmark = pytest.mark.slow
+
+
+def _rows(run_dir: Path) -> tuple[list[dict], dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in lines if "summary" not in r]
+    summaries = [r["summary"] for r in lines if "summary" in r]
+    assert len(summaries) == 1, "exactly one summary row, at the end"
+    return rows, summaries[0]
+
+
+def _wandb_runs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_pipeline(
+        ["trainer.total_frames=3000", "trainer.target_return=null", "logger.interval=0.5",
+         f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transport auto -> driver: env workers are threads" in result.stdout
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == 3000 and summary["stop_reason"] == "total_frames"
+    last = rows[-1]
+    for key in ("train/policy_loss", "train/value_loss", "train/entropy", "train/approx_kl", "train/lr",
+                "collector/frames_per_s", "collector/policy_lag_mean", "collector/env_frac",
+                "server/avg_batch_size", "server/requests_per_s", "server/batches_per_s",
+                "server/queue_latency_p95_ms", "server/forward_p50_ms", "server/policy_version",
+                "episode/return_mean", "episode/length_mean"):
+        assert key in last, key
+    assert last["frames"] == 3000 and last["server/avg_batch_size"] == 8.0
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["frames"] == 3000 and checkpoint["version"] == len(range(0, 3000, 256))
+    assert set(checkpoint) >= {"model", "optimizer", "config", "model_spec"}
+    assert checkpoint["config"]["trainer"]["total_frames"] == 3000
+    assert _wandb_runs(run_dir), "an offline wandb run in the run directory"
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+
+
+def test_a_sweep_gives_each_point_its_own_run_directory(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_pipeline(
+        ["-m", "server.max_batch_size=4,16", "trainer.total_frames=5000", "progress=false",
+         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["0", "1"]
+    for run_dir, max_batch in zip(runs, (4, 16)):
+        rows, summary = _rows(run_dir)
+        assert summary["frames"] <= 5000 and rows
+        assert max(r["server/avg_batch_size"] for r in rows) <= max_batch
+        assert _wandb_runs(run_dir)
+
+
+def test_atari_runs_with_batched_inference(tmp_path):
+    pytest.importorskip("ale_py")
+    run_dir = tmp_path / "pong"
+    result = run_pipeline(
+        ["env=atari", "transport=auto", "trainer.total_frames=1536", "trainer.frames_per_batch=512",
+         "env.num_envs=8", "env.envs_per_worker=2", "logger=jsonl", "logger.interval=1", "progress=false",
+         f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "auto -> slots" in result.stdout
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == 1536
+    assert max(r["server/avg_batch_size"] for r in rows) > 1
+
+
+def _start(args: list[str], run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args, "trainer.total_frames=100000000", "trainer.target_return=null",
+         "logger.interval=0.5", "progress=false", f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_training(proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("frames "):
+            return
+        if not line and proc.poll() is not None:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("the run never started training")
+
+
+def _assert_group_gone(pgid: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = group_alive(pgid)
+    if left:
+        os.killpg(pgid, signal.SIGKILL)
+    assert not left, f"processes outlived the run: {left}"
+
+
+def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    proc = _start(["workers=process"], run_dir)
+    _wait_for_training(proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    sent = time.monotonic()
+    proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 130
+    _assert_group_gone(proc.pid, within=5)
+    _, summary = _rows(run_dir)
+    assert summary["stop_reason"].startswith("interrupted")
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["frames"] > 0
+
+
+def test_sigkill_of_the_runner_leaves_no_orphan_processes(tmp_path):
+    proc = _start(["workers=process", "server=process", "logger=jsonl"], tmp_path / "killed")
+    _wait_for_training(proc)
+    children = [pid for pid in group_alive(proc.pid) if pid != proc.pid]
+    assert len(children) >= 3, "worker and server processes are running"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    _assert_group_gone(proc.pid, within=5)

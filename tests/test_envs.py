@@ -1,0 +1,90 @@
+"""Env factories, seeding and the env block a worker steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.env_block import EnvBlock
+from components.envs import AtariEnvFactory, EnvConfigError, EnvSpec, GymEnvFactory, check_env_id, env_seeds
+
+
+def test_env_seeds_are_distinct_within_and_across_run_seeds():
+    a, b = env_seeds(0, 64), env_seeds(1, 64)
+    assert len(set(a)) == 64 and len(set(b)) == 64
+    assert not set(a) & set(b), "seed 0 and seed 1 must never share an env seed"
+    assert env_seeds(0, 64) == a
+
+
+def test_unknown_env_id_names_close_matches():
+    with pytest.raises(EnvConfigError, match="CartPole-v1"):
+        check_env_id("CartPol-v1")
+
+
+def test_spec_reads_discrete_and_box_spaces():
+    spec = EnvSpec.from_env(GymEnvFactory("CartPole-v1")())
+    assert spec.obs_shape == (4,) and spec.obs_dtype == "float32"
+    assert spec.action_kind == "discrete" and spec.action_n == 2
+    cont = EnvSpec.from_env(GymEnvFactory("Pendulum-v1")())
+    assert cont.action_kind == "continuous" and cont.action_shape == (1,)
+    assert cont.action_low == (-2.0,) and cont.action_high == (2.0,)
+
+
+def _run_block(block: EnvBlock, steps: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    obs = np.zeros((len(block), *block.spec.obs_shape), block.spec.obs_dtype)
+    block.reset(obs)
+    rows = []
+    for _ in range(steps):
+        row = block.empty_rows()
+        acted_on = obs.copy()
+        block.step(rng.integers(0, 2, len(block)), row, obs)
+        row["observation"] = acted_on
+        row["next_request"] = obs.copy()
+        rows.append(row)
+    return rows
+
+
+def test_block_resets_ended_episodes_and_tracks_returns():
+    block = EnvBlock(GymEnvFactory("CartPole-v1"), env_ids=[3, 4], seeds=[10, 11])
+    try:
+        rows = _run_block(block, 200, np.random.default_rng(0))
+    finally:
+        block.close()
+    ended = 0
+    for t, row in enumerate(rows):
+        for i in range(2):
+            if row["next.done"][i]:
+                ended += 1
+                # CartPole pays 1 per step: the return equals the length.
+                assert row["next.episode_return"][i] == row["next.episode_length"][i]
+                # the policy next sees a fresh episode, not the terminal state
+                assert not np.array_equal(row["next_request"][i], row["next.observation"][i])
+                if t + 1 < len(rows):
+                    assert rows[t + 1]["next.episode_length"][i] == 1
+            else:
+                assert np.array_equal(row["next_request"][i], row["next.observation"][i])
+    assert ended > 0
+    assert block.env_step.tolist() == [200, 200]
+
+
+def test_same_seeds_reproduce_the_same_trajectories():
+    def trajectory() -> np.ndarray:
+        block = EnvBlock(GymEnvFactory("CartPole-v1"), env_ids=[0], seeds=[123])
+        try:
+            return np.stack([r["next.observation"] for r in _run_block(block, 50, np.random.default_rng(1))])
+        finally:
+            block.close()
+
+    assert np.array_equal(trajectory(), trajectory())
+
+
+def test_atari_factory_gives_uint8_frame_stacks():
+    pytest.importorskip("ale_py")
+    env = AtariEnvFactory()()
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+        spec = EnvSpec.from_env(env)
+        assert spec.action_kind == "discrete" and spec.action_n == 6
+    finally:
+        env.close()
