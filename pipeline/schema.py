@@ -25,8 +25,8 @@ class EnvSchema:
     id: str = MISSING
     #: environments in total
     num_envs: int = 8
-    #: environments one worker hosts and sends as one request
-    envs_per_worker: int = 8
+    #: environments one worker hosts (null: auto, see the plan)
+    envs_per_worker: int | None = None
     #: ``_target_`` of a picklable ``() -> gymnasium.Env`` factory
     factory: Any = MISSING
 
@@ -48,6 +48,8 @@ class ModelSchema:
 class WorkersSchema:
     #: thread (in the driver) or process (spawned, one per block)
     backend: str = "thread"
+    #: blocks a worker steps alternately, one request each (2: double-buffered)
+    splits: int = 1
     #: CPU sets for process workers, used round-robin (null: OS decides)
     affinity: list[list[int]] | None = None
 

@@ -62,8 +62,10 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
     non_negative = (lambda v: v >= 0, ">= 0")
 
     # env
-    for key in ("env.num_envs", "env.envs_per_worker"):
-        _check(cfg, key, *positive)
+    _check(cfg, "env.num_envs", *positive)
+    if cfg.env.envs_per_worker is not None:
+        _check(cfg, "env.envs_per_worker", *positive)
+    _check(cfg, "workers.splits", *positive)
     if check_env:
         try:
             check_env_id(str(cfg.env.id))

@@ -17,7 +17,7 @@ GPU_MACHINE = Machine(cpus=8, cuda=True, cuda_count=1)
 
 OPTIONS = sorted(
     (group.name, option.stem)
-    for group in CONF_DIR.iterdir() if group.is_dir() and group.name != "experiment"
+    for group in CONF_DIR.iterdir() if group.is_dir() and group.name not in ("experiment", "bench_workload")
     for option in group.glob("*.yaml")
 )
 
@@ -36,6 +36,16 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
     validate(cfg, cuda_available=False)
     plan = resolve_plan(cfg, CPU_MACHINE)
     assert plan.lines()
+
+
+@pytest.mark.parametrize("workload", ["cartpole", "pong"])
+def test_every_bench_workload_composes(workload):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("bench", overrides=[f"bench_workload={workload}"])
+    assert cfg.num_envs == cfg.bench_workload.num_envs and cfg.repeats >= 1
 
 
 def test_atari_env_picks_its_parts_but_the_command_line_wins():
@@ -101,6 +111,18 @@ def test_hydra_reports_its_own_errors(tmp_path):
 
 
 # ------------------------------------------------------------------ auto plan
+def test_envs_per_worker_auto_leaves_a_cpu_for_the_inference_server():
+    plan = resolve_plan(compose("env=atari"), Machine(cpus=2, cuda=False))
+    assert (plan.graph.num_workers, plan.graph.envs_per_worker, plan.graph.splits) == (1, 16, 2)
+    assert "1 worker process(es) on 2 CPUs" in plan.reason("workers")
+    plan = resolve_plan(compose("env=atari"), Machine(cpus=8, cuda=False))
+    assert (plan.graph.num_workers, plan.graph.envs_per_worker) == (6, 3)
+    plan = resolve_plan(compose(), CPU_MACHINE)
+    assert (plan.graph.num_workers, plan.graph.envs_per_worker) == (1, 8)
+    plan = resolve_plan(compose("workers=process", "env.envs_per_worker=2"), CPU_MACHINE)
+    assert plan.graph.num_workers == 4
+
+
 def test_transport_auto_with_thread_workers_relays_through_the_driver():
     plan = resolve_plan(compose(), CPU_MACHINE)
     assert (plan.graph.workers, plan.graph.transport, plan.graph.server) == ("thread", "driver", "thread")

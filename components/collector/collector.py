@@ -36,7 +36,7 @@ import torch
 
 from components.collector.chunks import ChunkPool
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
-from components.collector.worker import EXITED, FAILED, TIMING, WorkerControl, transition_fields
+from components.collector.worker import EXITED, FAILED, RUNNING, TIMING, WorkerControl, transition_fields
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.client import FutureChannel, PolicyClient
 from components.inference.process_server import ProcessInferenceServer
@@ -67,6 +67,9 @@ class GraphSpec:
         server: "thread" (in the driver) or "process" (a dedicated process).
         num_envs / envs_per_worker: env count and block size per worker.
         chunk_len: consecutive steps per worker message.
+        splits: blocks each worker steps alternately, each with its own
+            request (2 = double-buffered sampling: one block steps while the
+            server computes the other's actions).
         chunks_per_worker: chunk buffers per worker (None: one batch ahead).
         worker_affinity: CPU sets for process workers, used round-robin.
     """
@@ -77,6 +80,7 @@ class GraphSpec:
     num_envs: int = 8
     envs_per_worker: int = 4
     chunk_len: int = 1
+    splits: int = 1
     chunks_per_worker: int | None = None
     worker_affinity: tuple[tuple[int, ...], ...] | None = None
 
@@ -89,8 +93,8 @@ class GraphSpec:
             raise ValueError(f"server must be thread or process, got {self.server!r}")
         if self.transport == "slots" and self.workers != "process":
             raise ValueError("transport=slots needs process workers (thread workers already share the driver)")
-        if self.num_envs < 1 or self.envs_per_worker < 1 or self.chunk_len < 1:
-            raise ValueError("num_envs, envs_per_worker and chunk_len must be >= 1")
+        if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits) < 1:
+            raise ValueError("num_envs, envs_per_worker, chunk_len and splits must be >= 1")
 
     @property
     def num_workers(self) -> int:
@@ -99,6 +103,12 @@ class GraphSpec:
     def worker_rows(self) -> list[int]:
         full, rest = divmod(self.num_envs, self.envs_per_worker)
         return [self.envs_per_worker] * full + ([rest] if rest else [])
+
+    def split_sizes(self, rows: int) -> tuple[int, ...]:
+        """How a worker of ``rows`` envs divides them into blocks (near-equal, in order)."""
+        parts = min(self.splits, rows)
+        base, extra = divmod(rows, parts)
+        return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
 def _nest(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -159,6 +169,7 @@ class AsyncBatchedCollector:
         self.server_config = server_config or ServerConfig()
         self.env_spec = env_spec or probe_env_spec(env_factory)
         self._seed = seed
+        self.start_timeout = 120.0
         self._frames = 0
         self._started = False
         self._closed = False
@@ -187,16 +198,20 @@ class AsyncBatchedCollector:
         self._relay_stop = threading.Event()
         self._relay_thread: threading.Thread | None = None
 
+        # One request channel per block; a worker owns ``splits`` of them.
+        splits = [g.split_sizes(r) for r in rows]
+        self._splits = splits
+        slot_rows = max(max(sizes) for sizes in splits)
+        num_slots = sum(len(sizes) for sizes in splits)
+
         # The transport the server serves.
         if g.server == "thread" and not (g.workers == "process" and g.transport == "slots"):
             server_transport: Any = ThreadTransport(self.layout)
-        elif g.server == "thread":
-            server_transport = SlotTransport(self.layout, num_slots=len(rows), rows_per_slot=max(rows), ctx=self._mp)
         elif g.workers == "process" and g.transport == "driver":
-            # The relay forwards all ready workers as one request.
-            server_transport = SlotTransport(self.layout, num_slots=1, rows_per_slot=sum(rows), ctx=self._mp)
+            # The relay forwards all ready blocks as one request.
+            server_transport = SlotTransport(self.layout, num_slots=1, rows_per_slot=num_slots * slot_rows, ctx=self._mp)
         else:
-            server_transport = SlotTransport(self.layout, num_slots=len(rows), rows_per_slot=max(rows), ctx=self._mp)
+            server_transport = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=self._mp)
         self._server_transport = server_transport
         if g.server == "thread":
             self.server: Any = InferenceServer(served, server_transport, cfg)
@@ -206,20 +221,21 @@ class AsyncBatchedCollector:
             )
 
         # What each worker holds to get actions.
-        if g.workers == "thread" and isinstance(server_transport, ThreadTransport):
-            self._channels = [
-                FutureChannel(PolicyClient(server_transport.client(), interaction_mode=self.interaction_mode),
-                              self.layout.request, r)
-                for r in rows
-            ]
-        elif g.workers == "process" and g.transport == "driver":
-            relay_transport = SlotTransport(self.layout, num_slots=len(rows), rows_per_slot=max(rows), ctx=self._mp)
-            upstream = server_transport.client()
-            relay_cfg = ServerConfig(max_batch_size=len(rows) * max(rows), min_batch_size=1, timeout=0.0)
-            self._relay = ServeLoop(UpstreamPolicy(upstream), relay_transport, relay_cfg, ServerStats(1))
-            self._channels = [relay_transport.client() for _ in rows]
+        if g.workers == "process" and g.transport == "driver":
+            relay_transport = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=self._mp)
+            relay_cfg = ServerConfig(max_batch_size=num_slots * slot_rows, min_batch_size=1, timeout=0.0)
+            self._relay = ServeLoop(UpstreamPolicy(server_transport.client()), relay_transport, relay_cfg, ServerStats(1))
+
+            def channel(size: int) -> Any:
+                return relay_transport.client()
+        elif isinstance(server_transport, ThreadTransport):
+            def channel(size: int) -> Any:
+                policy = PolicyClient(server_transport.client(), interaction_mode=self.interaction_mode)
+                return FutureChannel(policy, self.layout.request, size)
         else:
-            self._channels = [server_transport.client() for _ in rows]
+            def channel(size: int) -> Any:
+                return server_transport.client()
+        self._channels = [[channel(size) for size in sizes] for sizes in splits]
         self.workers: Any = ProcessWorkers(self._mp) if g.workers == "process" else ThreadWorkers()
 
     # -------------------------------------------------------------- lifecycle
@@ -244,7 +260,7 @@ class AsyncBatchedCollector:
             assignments, first = [], 0
             for w, r in enumerate(self._rows):
                 ids = tuple(range(first, first + r))
-                assignments.append(WorkerAssignment(w, ids, tuple(seeds[i] for i in ids)))
+                assignments.append(WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), self._splits[w]))
                 first += r
             affinity = [list(a) for a in self.graph.worker_affinity] if self.graph.worker_affinity else None
             self.workers.start(
@@ -252,11 +268,22 @@ class AsyncBatchedCollector:
                 [self._pool.writer(w) for w in range(len(self._rows))],
                 self._control, int(self.interaction_mode), self.layout.response_keys, affinity,
             )
+            self._wait_running(self.start_timeout)
             self._timing_mark = (time.monotonic(), self._control.timing.copy())
         except BaseException:
             self.shutdown()
             raise
         return self
+
+    def _wait_running(self, timeout: float) -> None:
+        """Block until every worker has built its envs, so start-up errors surface here."""
+        deadline = time.monotonic() + timeout
+        status = self._control.status
+        while not all(status[w] in (RUNNING, EXITED) for w in range(len(self._rows))):
+            self._check_health()
+            if time.monotonic() > deadline:
+                raise CollectorError(f"env workers did not start within {timeout:.0f} s")
+            time.sleep(0.005)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop workers, relay and server, and join them all (idempotent)."""

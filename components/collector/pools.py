@@ -17,27 +17,42 @@ from components.lifecycle import become_child, force_stop, limit_threads, on_mai
 
 @dataclass(frozen=True)
 class WorkerAssignment:
-    """Which envs a worker hosts and how they are seeded."""
+    """Which envs a worker hosts, how they are seeded and split into blocks.
+
+    ``split_sizes`` divides the worker's envs, in order, into the blocks it
+    steps alternately (one request channel each).
+    """
 
     worker: int
     env_ids: tuple[int, ...]
     seeds: tuple[int, ...]
+    split_sizes: tuple[int, ...]
 
 
 class _BlockMaker:
-    """Picklable ``() -> EnvBlock`` (a lambda would not survive spawn)."""
+    """Picklable ``() -> list[EnvBlock]`` (a lambda would not survive spawn)."""
 
     def __init__(self, factory: Callable[[], Any], assignment: WorkerAssignment) -> None:
         self.factory, self.assignment = factory, assignment
 
-    def __call__(self) -> EnvBlock:
-        return EnvBlock(self.factory, self.assignment.env_ids, self.assignment.seeds)
+    def __call__(self) -> list[EnvBlock]:
+        a, blocks, first = self.assignment, [], 0
+        try:
+            for size in a.split_sizes:
+                ids = slice(first, first + size)
+                blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids]))
+                first += size
+        except BaseException:
+            for block in blocks:
+                block.close()
+            raise
+        return blocks
 
 
 def _process_main(
     assignment: WorkerAssignment,
     factory: Callable[[], Any],
-    channel: Any,
+    channels: list[Any],
     writer: ChunkWriter,
     control: WorkerControl,
     mode: int,
@@ -49,8 +64,10 @@ def _process_main(
     become_child(parent_pid, from_main_thread)
     limit_threads()
     set_affinity(affinity)
+    import os as _os
+    _os.nice(int(_os.environ.get("RLP_NICE", "0")))
     try:
-        run_worker(assignment.worker, _BlockMaker(factory, assignment), channel, writer, control, mode, response_keys)
+        run_worker(assignment.worker, _BlockMaker(factory, assignment), channels, writer, control, mode, response_keys)
     except BaseException:  # noqa: BLE001 - already reported through control
         os._exit(1)
 
@@ -64,12 +81,12 @@ class ThreadWorkers:
         self._threads: list[threading.Thread] = []
 
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
-              channels: Sequence[Any], writers: Sequence[ChunkWriter], control: WorkerControl,
+              channels: Sequence[list[Any]], writers: Sequence[ChunkWriter], control: WorkerControl,
               mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
-        for a, channel, writer in zip(assignments, channels, writers):
+        for a, worker_channels, writer in zip(assignments, channels, writers):
             thread = threading.Thread(
                 target=self._run,
-                args=(a.worker, _BlockMaker(factory, a), channel, writer, control, mode, response_keys),
+                args=(a.worker, _BlockMaker(factory, a), worker_channels, writer, control, mode, response_keys),
                 name=f"env-worker-{a.worker}",
                 daemon=True,
             )
@@ -111,14 +128,14 @@ class ProcessWorkers:
         self._processes: list[Any] = []
 
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
-              channels: Sequence[Any], writers: Sequence[ChunkWriter], control: WorkerControl,
+              channels: Sequence[list[Any]], writers: Sequence[ChunkWriter], control: WorkerControl,
               mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
         from_main = on_main_thread()
-        for a, channel, writer in zip(assignments, channels, writers):
+        for a, worker_channels, writer in zip(assignments, channels, writers):
             cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
             process = self._ctx.Process(
                 target=_process_main,
-                args=(a, factory, channel, writer, control, mode, response_keys, cpus, os.getpid(), from_main),
+                args=(a, factory, worker_channels, writer, control, mode, response_keys, cpus, os.getpid(), from_main),
                 name=f"env-worker-{a.worker}",
                 daemon=True,
             )

@@ -1,8 +1,9 @@
 """The env worker loop, identical in a thread and in a process.
 
-    obs block -> request -> (copy obs into the chunk while the server works)
-    -> actions -> step envs (transition written into the chunk row)
-    -> full chunk? commit, take the next free one
+    actions arrive -> record what was acted on into the chunk row
+    -> step the envs (transition written into the chunk row) -> request the
+    next actions -> (next split while the server works) -> full chunk?
+    commit, take the next free one
 
 Every blocking wait is bounded so a worker always notices stop and pause
 requests. Time is split into env stepping, waiting for actions and waiting
@@ -84,37 +85,6 @@ class _Stopped(Exception):
     pass
 
 
-def run_worker(
-    worker: int,
-    make_block: Callable[[], EnvBlock],
-    channel: ActionChannel,
-    chunks: ChunkWriter,
-    control: WorkerControl,
-    interaction_mode: int,
-    response_keys: tuple[str, ...],
-) -> None:
-    """Run until ``control.stop``; report failures through ``control``."""
-    try:
-        block = make_block()
-    except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
-        control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
-        raise
-    try:
-        control.status[worker] = RUNNING
-        _loop(worker, block, channel, chunks, control, interaction_mode, response_keys)
-        control.status[worker] = EXITED
-    except _Stopped:
-        control.status[worker] = EXITED
-    except BaseException as exc:
-        if not control.stop[0]:
-            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            control.fail(worker, f"env worker {worker} (envs {block.env_ids.min()}-{block.env_ids.max()}) failed: {detail}")
-            raise
-        control.status[worker] = EXITED
-    finally:
-        block.close()
-
-
 def _park(worker: int, control: WorkerControl) -> None:
     control.paused[worker] = 1
     while control.pause[0] and not control.stop[0]:
@@ -122,25 +92,81 @@ def _park(worker: int, control: WorkerControl) -> None:
     control.paused[worker] = 0
 
 
+def run_worker(
+    worker: int,
+    make_blocks: Callable[[], list[EnvBlock]],
+    channels: list[ActionChannel],
+    chunks: ChunkWriter,
+    control: WorkerControl,
+    interaction_mode: int,
+    response_keys: tuple[str, ...],
+) -> None:
+    """Run until ``control.stop``; report failures through ``control``.
+
+    ``make_blocks`` builds the worker's env blocks, one per channel: with two
+    (double-buffered sampling) one block steps while the server computes the
+    other's actions, so the worker rarely waits for inference.
+    """
+    try:
+        blocks = make_blocks()
+    except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
+        control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
+        raise
+    try:
+        control.status[worker] = RUNNING
+        _loop(worker, blocks, channels, chunks, control, interaction_mode, response_keys)
+        control.status[worker] = EXITED
+    except _Stopped:
+        control.status[worker] = EXITED
+    except BaseException as exc:
+        if not control.stop[0]:
+            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            ids = np.concatenate([b.env_ids for b in blocks])
+            control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}")
+            raise
+        control.status[worker] = EXITED
+    finally:
+        for block in blocks:
+            block.close()
+
+
+def _await(channel: ActionChannel, stop: np.ndarray) -> dict[str, np.ndarray]:
+    while True:
+        try:
+            return channel.wait(_WAIT_S * 5)
+        except TimeoutError:
+            if stop[0]:
+                raise _Stopped() from None
+
+
 def _loop(
     worker: int,
-    block: EnvBlock,
-    channel: ActionChannel,
+    blocks: list[EnvBlock],
+    channels: list[ActionChannel],
     chunks: ChunkWriter,
     control: WorkerControl,
     mode: int,
     response_keys: tuple[str, ...],
 ) -> None:
-    n = len(block)
-    obs = channel.request["observation"][:n]
-    block.reset(obs)
     stop, pause, timing = control.stop, control.pause, control.timing[worker]
-    env_index = block.env_ids
     clock = time.perf_counter
+    spans, obs, first = [], [], 0
+    for block, channel in zip(blocks, channels):
+        n = len(block)
+        spans.append(slice(first, first + n))
+        first += n
+        obs.append(channel.request["observation"][:n])
+        block.reset(obs[-1])
+        channel.submit(n, mode)
+    held: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
     chunk: dict[str, np.ndarray] | None = None
     t = 0
     while not stop[0]:
         if pause[0]:
+            # Quiesce: collect every answer in flight, then park.
+            for i, channel in enumerate(channels):
+                if held[i] is None:
+                    held[i] = _await(channel, stop)
             _park(worker, control)
             continue
         if chunk is None:
@@ -150,28 +176,24 @@ def _loop(
             if chunk is None:
                 continue  # re-check stop and pause
             t = 0
-        started = clock()
-        channel.submit(n, mode)
-        # Overlap with the server's work: record what this step acted on.
-        chunk["observation"][t] = obs
-        chunk["env_index"][t] = env_index
-        chunk["env_step"][t] = block.env_step
-        while True:
-            try:
-                response = channel.wait(_WAIT_S * 20)
-                break
-            except TimeoutError:
-                if stop[0]:
-                    raise _Stopped() from None
-        waited = clock()
-        timing[1] += waited - started
-        for key in response_keys:
-            chunk[key][t] = response[key][:n]
-        row = {key: chunk[key][t] for key in NEXT_KEYS}
-        block.step(response["action"][:n], row, obs)
-        timing[0] += clock() - waited
+        for i, (block, channel, span) in enumerate(zip(blocks, channels, spans)):
+            n = span.stop - span.start
+            started = clock()
+            response = held[i] if held[i] is not None else _await(channel, stop)
+            held[i] = None
+            waited = clock()
+            timing[1] += waited - started
+            chunk["observation"][t, span] = obs[i]
+            chunk["env_index"][t, span] = block.env_ids
+            chunk["env_step"][t, span] = block.env_step
+            for key in response_keys:
+                chunk[key][t, span] = response[key][:n]
+            row = {key: chunk[key][t, span] for key in NEXT_KEYS}
+            block.step(response["action"][:n], row, obs[i])
+            channel.submit(n, mode)
+            timing[0] += clock() - waited
+            timing[4] += n
         timing[3] += 1
-        timing[4] += n
         t += 1
         if t == chunks.chunk_len:
             chunks.commit()

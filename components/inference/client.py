@@ -179,4 +179,4 @@ class FutureChannel:
             raise RuntimeError("wait() without a submitted request")
         result = self._future.result(timeout)
         self._future = None
-        return {k: v.numpy() for k, v in result.items()}
+        return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in result.items()}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 from components.inference.slots import SlotClient
 
@@ -27,15 +27,15 @@ class UpstreamPolicy:
         self._upstream = upstream
         self._timeout = timeout
 
-    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> dict[str, torch.Tensor]:
+    def act(self, inputs: dict[str, np.ndarray], modes: np.ndarray) -> dict[str, Any]:
         rows = modes.shape[0]
         if isinstance(self._upstream, SlotClient):
             for key, target in self._upstream.request.items():
-                target[:rows] = inputs[key].numpy()
-            self._upstream.modes[:rows] = modes.numpy()
+                target[:rows] = inputs[key]
+            self._upstream.modes[:rows] = modes
             self._upstream.submit(rows)
             response = self._upstream.wait(self._timeout)
             # Views of the upstream slot: the relay copies them out before its next submit.
-            return {k: torch.from_numpy(v[:rows]) for k, v in response.items()}
+            return {k: v[:rows] for k, v in response.items()}
         future = self._upstream.submit(inputs, modes)
         return dict(future.result(self._timeout))

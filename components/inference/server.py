@@ -15,10 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from components.inference.stats import ServerStats, now
 from components.inference.transport import POLICY_VERSION, InferenceTransport, Pending
+from components.serving import serving_engine
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class ServerConfig:
         device: where the policy runs ("cpu", "cuda", "cuda:1", ...).
         output_device: where responses are delivered (always host for shared slots).
         num_threads: torch intra-op threads of a server process (None: leave as is).
-        seed: seed of the server's sampling RNG (process servers).
+        seed: seed of the server's sampling RNG.
+        engine: "auto", "torch" or "numpy" (see :mod:`components.serving`).
     """
 
     max_batch_size: int = 256
@@ -44,6 +47,7 @@ class ServerConfig:
     output_device: str = "cpu"
     num_threads: int | None = None
     seed: int | None = None
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -58,6 +62,10 @@ class ServerConfig:
 
 def state_of(weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
     return weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+
+
+def _concat(parts: list[Any]) -> Any:
+    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
 
 
 class ServeLoop:
@@ -81,6 +89,7 @@ class ServeLoop:
         on_version: Any = None,
     ) -> None:
         self.model = model
+        self.served = serving_engine(model, config.engine, config.device, config.output_device, config.seed)
         self.transport = transport
         self.config = config
         self.stats = stats
@@ -88,8 +97,7 @@ class ServeLoop:
         self.model_lock = threading.Lock()
         self._weights_source = weights_source
         self._on_version = on_version
-        self._device = torch.device(config.device)
-        self._output_device = torch.device(config.output_device)
+        self._versions: Any = None
 
     def apply_weights(self, weights: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copy ``weights`` into the served model between batches and bump the version."""
@@ -102,6 +110,9 @@ class ServeLoop:
             return self.version
 
     def _published(self, version: int) -> None:
+        refresh = getattr(self.served, "refresh", None)
+        if refresh is not None:
+            refresh()
         self.stats.record_weight_update(version)
         if self._on_version is not None:
             self._on_version(version)
@@ -143,7 +154,19 @@ class ServeLoop:
             rows += sum(p.rows for p in more)
         return requests, rows
 
-    def _forward(self, requests: list[Pending]) -> tuple[dict[str, torch.Tensor], int]:
+    def _version_column(self, like: Any, n: int) -> Any:
+        """``n`` copies of the current version, as numpy or torch like ``like``."""
+        column = self._versions
+        if column is None or column.shape[0] < n or int(column[0]) != self.version or type(column) is not type(like):
+            size = max(n, 256)
+            if isinstance(like, np.ndarray):
+                column = np.full(size, self.version, np.int64)
+            else:
+                column = torch.full((size,), self.version, dtype=torch.int64, device=like.device)
+            self._versions = column
+        return column[:n]
+
+    def _forward(self, requests: list[Pending]) -> tuple[dict[str, Any], int]:
         """Outputs for ``requests`` and the number of forward passes they took.
 
         A block larger than ``max_batch_size`` rows is served in slices, so
@@ -151,21 +174,16 @@ class ServeLoop:
         """
         inputs, modes = self.transport.gather(requests)
         step = self.config.max_batch_size
-        with self.model_lock, torch.no_grad():
-            if self._device.type != "cpu":
-                inputs = {k: v.to(self._device, non_blocking=True) for k, v in inputs.items()}
-                modes = modes.to(self._device, non_blocking=True)
-            n = modes.shape[0]
+        n = modes.shape[0]
+        with self.model_lock:
             if n <= step:
-                out, passes = self.model.act(inputs, modes), 1
+                out, passes = self.served.act(inputs, modes), 1
             else:
-                parts = [self.model.act({k: v[i : i + step] for k, v in inputs.items()}, modes[i : i + step])
+                parts = [self.served.act({k: v[i : i + step] for k, v in inputs.items()}, modes[i : i + step])
                          for i in range(0, n, step)]
-                out, passes = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, len(parts)
+                out, passes = {k: _concat([p[k] for p in parts]) for k in parts[0]}, len(parts)
             if POLICY_VERSION not in out:  # a relay passes the upstream stamp through
-                out[POLICY_VERSION] = torch.full((n,), self.version, dtype=torch.int64, device=modes.device)
-            if self._device != self._output_device:
-                out = {k: v.to(self._output_device) for k, v in out.items()}
+                out[POLICY_VERSION] = self._version_column(out["action"], n)
         return out, passes
 
     def run_batch(self, requests: list[Pending], rows: int) -> None:

@@ -60,12 +60,13 @@ class ThreadTransport(InferenceTransport):
     def submit(self, inputs: dict[str, torch.Tensor], mode: int | torch.Tensor) -> Future:
         if self._closed:
             raise ServerStoppedError("the inference server has been shut down")
+        inputs = {k: torch.as_tensor(v) for k, v in inputs.items()}
         rows = next(iter(inputs.values())).shape[0]
         for key, value in inputs.items():
             if value.shape[0] != rows:
                 raise ValueError(f"request input {key!r} has {value.shape[0]} rows, expected {rows}")
-        if isinstance(mode, torch.Tensor):
-            modes = mode.to(torch.int8).expand(rows)
+        if not isinstance(mode, int):
+            modes = torch.as_tensor(mode).to(torch.int8).expand(rows)
         else:
             modes = torch.full((rows,), int(mode), dtype=torch.int8)
         request = _Request(inputs, modes, rows)
@@ -113,7 +114,8 @@ class ThreadTransport(InferenceTransport):
         inputs = {key: torch.cat([r.inputs[key] for r in reqs]) for key in keys}
         return inputs, torch.cat([r.modes for r in reqs])
 
-    def resolve(self, requests: Sequence[Pending], outputs: dict[str, torch.Tensor]) -> None:
+    def resolve(self, requests: Sequence[Pending], outputs: dict[str, Any]) -> None:
+        outputs = {k: torch.as_tensor(v) for k, v in outputs.items()}  # engines may answer in numpy
         start = 0
         for pending in requests:
             stop = start + pending.rows

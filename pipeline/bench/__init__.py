@@ -1,0 +1,1 @@
+"""``python -m pipeline.bench``: this project's collector against the reference points."""

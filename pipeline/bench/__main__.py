@@ -1,0 +1,36 @@
+"""``python -m pipeline.bench [overrides]``: run the collector benchmark (Hydra-configured).
+
+Examples::
+
+    python -m pipeline.bench                                   # CartPole + MLP, 64 envs
+    python -m pipeline.bench bench_workload=pong               # Pong + Nature CNN, 16 envs
+    python -m pipeline.bench 'sweep_envs=[8,16,32,64,128,256]' # best of each contender over env counts
+    python -m pipeline.bench 'contenders=[gym_sync,ours:process/slots/process/auto]' repeats=5
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
+
+
+def main() -> None:
+    import hydra
+
+    @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
+    def _task(cfg) -> None:  # type: ignore[no-untyped-def]
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        from pipeline.bench.harness import run_bench
+
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        plain["workload"] = plain.pop("bench_workload")
+        run_bench(plain, Path(HydraConfig.get().runtime.output_dir))
+
+    _task()
+
+
+if __name__ == "__main__":
+    main()

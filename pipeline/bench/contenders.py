@@ -1,0 +1,298 @@
+"""The benchmark's contenders, each measured in a fresh process by :func:`trial_main`.
+
+Every contender collects from the same env factory with the same policy
+(the same network, executed by the same serving engine), steps for a
+warm-up that is not timed, then counts frames for ``seconds``:
+
+* ``ours:<workers>/<transport>/<server>/<chunking>``: this project's collector;
+  the consumer only takes batches (no training).
+* ``gym_sync`` / ``gym_async``: a gymnasium ``SyncVectorEnv`` /
+  ``AsyncVectorEnv(shared_memory=True)`` loop, one batched forward per step.
+* ``torchrl_auto`` / ``torchrl_driver``: TorchRL's ``AsyncBatchedCollector``
+  (when torchrl is installed) with ``transport="auto"`` / ``"driver"``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _factory(workload: dict[str, Any]) -> Callable[[], Any]:
+    from hydra.utils import instantiate
+
+    return instantiate(workload["env"], _convert_="all")
+
+
+def _model_spec(workload: dict[str, Any]) -> Any:
+    from components.models import ModelSpec
+
+    kwargs = dict(workload["model"])
+    return ModelSpec(kwargs.pop("_target_"), kwargs)
+
+
+def _timed(step: Callable[[], int], warmup: float, seconds: float) -> tuple[int, float]:
+    """Run ``step`` (returns frames) for ``warmup`` s untimed, then ``seconds`` s timed."""
+    end = time.perf_counter() + warmup
+    while time.perf_counter() < end:
+        step()
+    frames, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        frames += step()
+    return frames, time.perf_counter() - start
+
+
+_OPTIONS = {"epw": "envs_per_worker", "splits": "splits", "minb": "server_min_batch_size",
+            "timeout": "server_timeout", "threads": "server_threads"}
+
+
+def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """``ours:w/t/s/chunking[@epw=4,splits=2,minb=8,timeout=0.001,threads=2]``.
+
+    The optional ``@`` part overrides workload settings for this contender
+    only, so variants can be compared within one alternating run.
+    """
+    body, _, options = name.split(":", 1)[1].partition("@")
+    settings = dict(workload)
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        settings[_OPTIONS[key]] = float(value) if key == "timeout" else int(value)
+    return body.split("/"), settings
+
+
+def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
+    """``ours:workers/transport/server/chunking`` -> a GraphSpec (the plan's rules for auto)."""
+    from components.collector.collector import GraphSpec
+    from pipeline.plan import AUTO_MIN_TRANSITIONS
+
+    from pipeline.plan import auto_envs_per_worker
+
+    (workers, transport, server, chunking), workload = parse_ours(name, workload)
+    per_worker, _ = auto_envs_per_worker(workload.get("envs_per_worker"), num_envs, workers, CPUS)
+    splits = workload.get("splits") or (2 if workers == "process" else 1)
+    if chunking == "step" or workers == "thread":
+        chunk_len = 1
+    else:
+        chunk_len = min(max(math.ceil(AUTO_MIN_TRANSITIONS / per_worker), frames_per_batch // num_envs),
+                        max(1, frames_per_batch // per_worker))
+    return GraphSpec(workers, transport, server, num_envs=num_envs, envs_per_worker=per_worker,
+                     chunk_len=chunk_len, splits=int(splits))
+
+
+def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
+    from components.collector.collector import AsyncBatchedCollector
+    from components.inference.server import ServerConfig
+
+    frames_per_batch = int(workload["frames_per_batch"])
+    graph = ours_graph(name, workload, num_envs, frames_per_batch)
+    _, workload = parse_ours(name, workload)
+    server = ServerConfig(
+        max_batch_size=max(num_envs, 1),
+        min_batch_size=min(int(workload.get("server_min_batch_size", 1)), num_envs),
+        timeout=float(workload.get("server_timeout", 0.002)),
+        num_threads=int(workload.get("server_threads", 1)),
+        seed=0,
+    )
+    collector = AsyncBatchedCollector(_factory(workload), _model_spec(workload), graph,
+                                      frames_per_batch=frames_per_batch, total_frames=-1, seed=0,
+                                      server_config=server)
+    try:
+        collector.start()
+
+        def step() -> int:
+            return collector.next_batch().numel()
+
+        _timed(step, warmup, 0.0)
+        collector.server_stats(reset=True)
+        collector.worker_stats()
+        frames, elapsed = _timed(step, 0.0, seconds)
+        stats = collector.server_stats()
+        workers = collector.worker_stats()
+    finally:
+        collector.shutdown()
+    return {
+        "frames": frames, "seconds": elapsed, "graph": graph.__dict__,
+        "server_avg_batch_size": stats.get("avg_batch_size"), "server_forward_p50_ms": stats.get("forward_p50_ms"),
+        "worker_env_frac": workers.get("env_frac"), "worker_infer_wait_frac": workers.get("infer_wait_frac"),
+        "worker_chunk_wait_frac": workers.get("chunk_wait_frac"),
+    }
+
+
+def _engine(workload: dict[str, Any], env_spec: Any) -> Any:
+    from components.serving import serving_engine
+
+    model = _model_spec(workload).build(env_spec).eval()
+    return serving_engine(model, "auto", "cpu", seed=0)
+
+
+def _actions(engine: Any, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:
+    action = engine.act({"observation": obs}, modes)["action"]
+    return action.numpy() if hasattr(action, "numpy") else action
+
+
+def _run_gym(kind: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
+    import gymnasium as gym
+
+    from components.envs import probe_env_spec
+
+    factory = _factory(workload)
+    engine = _engine(workload, probe_env_spec(factory))
+    if kind == "gym_sync":
+        venv = gym.vector.SyncVectorEnv([factory] * num_envs)
+    else:
+        venv = gym.vector.AsyncVectorEnv([factory] * num_envs, shared_memory=True, context="spawn")
+    try:
+        state = {"obs": venv.reset(seed=0)[0]}
+        modes = np.zeros(num_envs, np.int8)
+
+        def step() -> int:
+            state["obs"] = venv.step(_actions(engine, state["obs"], modes))[0]
+            return num_envs
+
+        frames, elapsed = _timed(step, warmup, seconds)
+    finally:
+        venv.close()
+    return {"frames": frames, "seconds": elapsed, "engine": engine.name}
+
+
+class _TorchRLEnvFactory:
+    """A picklable torchrl env factory wrapping our gymnasium factory."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+
+    def __call__(self) -> Any:
+        from torchrl.envs import GymWrapper
+
+        return GymWrapper(self.factory())
+
+
+class _TorchRLPolicyFactory:
+    """Builds the same network as a TensorDict policy, inside any process."""
+
+    def __init__(self, workload: dict[str, Any], env_spec: Any) -> None:
+        self.workload, self.env_spec = workload, env_spec
+
+    def __call__(self) -> Any:
+        import torch
+        from tensordict.nn import TensorDictModule
+
+        model = _model_spec(self.workload).build(self.env_spec).eval()
+
+        class Act(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                batched = observation.dim() == len(self.model.spec.obs_shape) + 1
+                obs = observation if batched else observation.unsqueeze(0)
+                out = self.model.act({"observation": obs})
+                if not batched:
+                    out = {k: v.squeeze(0) for k, v in out.items()}
+                return out["action"], out["sample_log_prob"], out["state_value"]
+
+        return TensorDictModule(Act(), in_keys=["observation"], out_keys=["action", "sample_log_prob", "state_value"])
+
+
+def _run_torchrl(kind: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
+    import torch  # noqa: F401
+    from torchrl.collectors import AsyncBatchedCollector
+    from torchrl.modules.inference_server import InferenceServerConfig
+
+    from components.envs import probe_env_spec
+
+    factory = _factory(workload)
+    env_spec = probe_env_spec(factory)
+    collector = AsyncBatchedCollector(
+        create_env_fn=[_TorchRLEnvFactory(factory)] * num_envs,
+        policy_factory=_TorchRLPolicyFactory(workload, env_spec),
+        frames_per_batch=int(workload["frames_per_batch"]),
+        total_frames=-1,
+        env_backend="multiprocessing",
+        transport="auto" if kind == "torchrl_auto" else "driver",
+        server_config=InferenceServerConfig(max_batch_size=num_envs, min_batch_size=1, timeout=0.002),
+    )
+    try:
+        iterator = iter(collector)
+
+        def step() -> int:
+            return next(iterator).numel()
+
+        frames, elapsed = _timed(step, warmup, seconds)
+        backend = getattr(collector, "server_backend", "?")
+    finally:
+        collector.shutdown()
+    return {"frames": frames, "seconds": elapsed, "server_backend": backend}
+
+
+def measure_limit(workload: dict[str, Any], batch_sizes: list[int], steps: int) -> dict[str, Any]:
+    """Single-env step time and per-sample inference time at several batch sizes."""
+    from components.envs import probe_env_spec
+
+    factory = _factory(workload)
+    env = factory()
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        # Actions drawn up front (as python scalars, like the workers pass):
+        # sampling the space inside the timed loop would add its own cost.
+        actions = [env.action_space.sample() for _ in range(steps + 10)]
+        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
+        for action in actions[:10]:
+            env.step(action)
+        start = time.perf_counter()
+        for action in actions[10:]:
+            _, _, term, trunc, _ = env.step(action)
+            if term or trunc:
+                env.reset()
+        env_step = (time.perf_counter() - start) / steps
+    finally:
+        env.close()
+    spec = probe_env_spec(factory)
+    engine = _engine(workload, spec)
+    per_sample = {}
+    for b in batch_sizes:
+        obs = np.zeros((b, *spec.obs_shape), spec.obs_dtype)
+        modes = np.zeros(b, np.int8)
+        for _ in range(5):
+            engine.act({"observation": obs}, modes)
+        reps = max(5, int(0.3 / max(1e-6, 1e-5 * b)))
+        reps = min(reps, 2000)
+        start = time.perf_counter()
+        for _ in range(reps):
+            engine.act({"observation": obs}, modes)
+        per_sample[b] = (time.perf_counter() - start) / reps / b
+    return {"env_step_s": env_step, "inference_per_sample_s": per_sample, "cpus": CPUS, "engine": engine.name}
+
+
+def trial_main(spec: dict[str, Any], conn: Any) -> None:
+    """Entry point of one trial process: run the contender, send back a result dict."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        name, workload = spec["contender"], spec["workload"]
+        if name == "limit":
+            result = measure_limit(workload, spec["batch_sizes"], spec["steps"])
+        elif name.startswith("ours:"):
+            result = _run_ours(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
+        elif name.startswith("gym_"):
+            result = _run_gym(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
+        elif name.startswith("torchrl_"):
+            result = _run_torchrl(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
+        else:
+            raise ValueError(f"unknown contender {name!r}")
+        conn.send({"ok": True, **result})
+    except BaseException as exc:  # noqa: BLE001 - reported to the harness
+        conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]})
+    finally:
+        conn.close()

@@ -1,0 +1,213 @@
+"""Runs contenders side by side: alternating, repeated, medians and ratios.
+
+Each trial runs in a fresh spawned process (so no contender inherits
+another's threads, memory or warm caches) with a timeout; the harness
+alternates contenders within every repeat, reversing the order on odd
+repeats so slow drifts of a shared machine cancel out, and reports the
+median of the repeats.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import multiprocessing as mp
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.contenders import CPUS, trial_main
+
+OURS = [
+    "ours:thread/driver/thread/auto",
+    "ours:thread/driver/process/auto",
+    "ours:process/driver/thread/auto",
+    "ours:process/driver/thread/step",
+    "ours:process/driver/process/auto",
+    "ours:process/driver/process/step",
+    "ours:process/slots/thread/auto",
+    "ours:process/slots/thread/step",
+    "ours:process/slots/process/auto",
+    "ours:process/slots/process/step",
+]
+BASELINES = ["gym_sync", "gym_async"]
+TORCHRL = ["torchrl_auto", "torchrl_driver"]
+
+
+def torchrl_available() -> bool:
+    return importlib.util.find_spec("torchrl") is not None
+
+
+def run_trial(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One contender in a fresh process; a failure or timeout is a result, not a crash."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=trial_main, args=(spec, child), name=f"bench-{spec['contender']}")
+    process.start()
+    child.close()
+    try:
+        if parent.poll(timeout):
+            result = parent.recv()
+        else:
+            result = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    except EOFError:
+        result = {"ok": False, "error": f"the trial process died (exit code {process.exitcode})"}
+    process.join(30)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+    return result
+
+
+def _fps(result: dict[str, Any]) -> float | None:
+    if not result.get("ok") or not result.get("seconds"):
+        return None
+    return result["frames"] / result["seconds"]
+
+
+def _interpolate(per_sample: dict[Any, float], batch: float) -> float:
+    """Per-sample inference time at ``batch`` rows, interpolated in log(batch)."""
+    import math
+
+    points = sorted((int(b), t) for b, t in per_sample.items())
+    if batch <= points[0][0]:
+        return points[0][1]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if batch <= b1:
+            w = (math.log(batch) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return t0 + w * (t1 - t0)
+    return points[-1][1]
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": CPUS, "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform()}
+
+
+def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str, Any]:
+    """Run the benchmark ``cfg`` describes; returns (and writes) the report."""
+    workload = cfg["workload"]
+    contenders = list(cfg["contenders"]) if cfg["contenders"] != "all" else OURS + BASELINES + TORCHRL
+    notes = []
+    if not torchrl_available():
+        skipped = [c for c in contenders if c.startswith("torchrl_")]
+        contenders = [c for c in contenders if not c.startswith("torchrl_")]
+        if skipped:
+            notes.append("torchrl is not installed (pip install 'rlpipeline[bench]'): skipped " + ", ".join(skipped))
+    main_envs = int(cfg["num_envs"])
+    plan = [(c, main_envs) for c in contenders]
+    sweep_contenders = [c for c in cfg.get("sweep_contenders", []) if c in contenders or c.startswith("ours:")]
+    plan += [(c, n) for n in cfg.get("sweep_envs", []) if n != main_envs for c in sweep_contenders]
+    trials: list[dict[str, Any]] = []
+    for repeat in range(int(cfg["repeats"])):
+        order = plan if repeat % 2 == 0 else list(reversed(plan))
+        for contender, num_envs in order:
+            spec = {"contender": contender, "workload": workload, "num_envs": num_envs,
+                    "warmup": float(cfg["warmup"]), "seconds": float(cfg["seconds"])}
+            result = run_trial(spec, float(cfg["trial_timeout"]))
+            fps = _fps(result)
+            trials.append({"contender": contender, "num_envs": num_envs, "repeat": repeat, "fps": fps, **result})
+            shown = f"{fps:12,.0f} fps" if fps is not None else f"FAILED: {result.get('error')}"
+            log(f"  [{repeat + 1}/{cfg['repeats']}] {contender:36s} envs={num_envs:<4d} {shown}")
+
+    summary: dict[str, dict[int, dict[str, Any]]] = {}
+    for contender, num_envs in plan:
+        runs = [t for t in trials if t["contender"] == contender and t["num_envs"] == num_envs]
+        values = [t["fps"] for t in runs if t["fps"] is not None]
+        entry: dict[str, Any] = {"runs": len(runs), "ok": len(values)}
+        if values:
+            entry.update(median=statistics.median(values), min=min(values), max=max(values))
+            for key in ("server_avg_batch_size", "worker_env_frac", "worker_infer_wait_frac", "worker_chunk_wait_frac"):
+                got = [t[key] for t in runs if t.get(key) is not None]
+                if got:
+                    entry[key] = statistics.median(got)
+        else:
+            entry["error"] = runs[-1].get("error") if runs else "not run"
+        summary.setdefault(contender, {})[num_envs] = entry
+
+    # The machine limit at the batch size our best contender was served with.
+    best_ours = max((c for c in contenders if c.startswith("ours:") and summary[c][main_envs].get("median")),
+                    key=lambda c: summary[c][main_envs]["median"], default=None)
+    served = summary[best_ours][main_envs].get("server_avg_batch_size") if best_ours else None
+    limit_spec = {"contender": "limit", "workload": workload, "steps": int(workload.get("limit_steps", 2000)),
+                  "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}
+    limit = run_trial(limit_spec, float(cfg["trial_timeout"]))
+    if limit.get("ok"):
+        batch = served or main_envs
+        per_sample = _interpolate(limit["inference_per_sample_s"], batch)
+        limit["served_batch_size"] = batch
+        limit["fps"] = limit["cpus"] / (limit["env_step_s"] + per_sample)
+        limit["per_sample_at_served_s"] = per_sample
+
+    report = {
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "workload": workload, "num_envs": main_envs, "machine": machine(), "config": cfg,
+        "summary": {c: {str(n): e for n, e in by_n.items()} for c, by_n in summary.items()},
+        "best_ours": best_ours, "limit": limit, "notes": notes, "trials": trials,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"bench_{workload.get('name', 'workload')}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    log(format_report(report))
+    log(f"report: {path}")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    main = str(report["num_envs"])
+    summary = report["summary"]
+
+    def median(name: str, n: str = main) -> float | None:
+        return summary.get(name, {}).get(n, {}).get("median")
+
+    references = [(name, median(name)) for name in ("gym_sync", "gym_async", "torchrl_auto", "torchrl_driver")]
+    references = [(name, value) for name, value in references if value]
+    limit = report["limit"].get("fps") if report["limit"].get("ok") else None
+    m = report["machine"]
+    lines = [
+        f"workload {report['workload'].get('name')}: {main} envs; {m['cpu']} ({m['cpus']} CPUs), "
+        f"python {m['python']}, torch {m['torch']}",
+        "",
+        "| contender | frames/s (median) | min..max | " + " | ".join(f"x {n}" for n, _ in references)
+        + (" | % of limit |" if limit else " |"),
+        "|---|---:|---|" + "---:|" * len(references) + ("---:|" if limit else ""),
+    ]
+    for name, by_n in summary.items():
+        entry = by_n.get(main)
+        if entry is None:
+            continue
+        if not entry.get("median"):
+            lines.append(f"| {name} | failed: {entry.get('error', '?')} |")
+            continue
+        value = entry["median"]
+        row = f"| {name} | {value:,.0f} | {entry['min']:,.0f}..{entry['max']:,.0f} | "
+        row += " | ".join(f"{value / ref:.2f}" for _, ref in references)
+        row += f" | {100 * value / limit:.0f}% |" if limit else " |"
+        lines.append(row)
+    if limit:
+        lim = report["limit"]
+        lines += ["", f"machine limit {limit:,.0f} frames/s = {lim['cpus']} CPUs / ({lim['env_step_s'] * 1e6:.1f} us "
+                      f"env step + {lim['per_sample_at_served_s'] * 1e6:.2f} us inference per sample at the served "
+                      f"batch of {lim['served_batch_size']:.1f}, {lim['engine']} engine)"]
+    sweep = {n for by_n in summary.values() for n in by_n if n != main}
+    if sweep:
+        lines += ["", "best over env counts " + ", ".join(sorted({main, *sweep}, key=int)) + ":"]
+        for name, by_n in summary.items():
+            ok = {n: e["median"] for n, e in by_n.items() if e.get("median")}
+            if len(by_n) > 1 and ok:
+                best = max(ok, key=ok.get)
+                lines.append(f"  {name:36s} {ok[best]:12,.0f} frames/s at {best} envs")
+    lines += [f"note: {note}" for note in report["notes"]]
+    return "\n".join(lines)
