@@ -164,6 +164,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
         splits=int(cfg.workers.splits),
         chunks_per_worker=cfg.chunking.chunks_per_worker,
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
+        worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
     )
     server_cfg = ServerConfig(
         max_batch_size=int(cfg.server.max_batch_size),

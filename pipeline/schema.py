@@ -52,6 +52,8 @@ class WorkersSchema:
     splits: int = 1
     #: CPU sets for process workers, used round-robin (null: OS decides)
     affinity: list[list[int]] | None = None
+    #: niceness increment of process workers (0-19): they yield to the server and trainer
+    nice: int = 0
 
 
 @dataclass

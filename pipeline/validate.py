@@ -66,6 +66,7 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
     if cfg.env.envs_per_worker is not None:
         _check(cfg, "env.envs_per_worker", *positive)
     _check(cfg, "workers.splits", *positive)
+    _check(cfg, "workers.nice", lambda v: 0 <= v <= 19, "in [0, 19]")
     if check_env:
         try:
             check_env_id(str(cfg.env.id))

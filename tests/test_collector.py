@@ -24,6 +24,10 @@ GRAPHS = {
     "process-slots-thread": GraphSpec("process", "slots", "thread", num_envs=5, envs_per_worker=2, chunk_len=4),
     "process-driver-thread": GraphSpec("process", "driver", "thread", num_envs=5, envs_per_worker=2, chunk_len=3),
     "process-driver-process": GraphSpec("process", "driver", "process", num_envs=5, envs_per_worker=2, chunk_len=3),
+    "process-slots-process-split": GraphSpec("process", "slots", "process", num_envs=7, envs_per_worker=4, chunk_len=3,
+                                             splits=2),
+    "thread-driver-thread-split": GraphSpec("thread", "driver", "thread", num_envs=5, envs_per_worker=5, chunk_len=2,
+                                            splits=2),
 }
 
 

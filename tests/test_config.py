@@ -138,6 +138,37 @@ def test_transport_auto_with_process_workers_uses_slots_and_a_process_server():
     assert "server=thread" not in plan.reason("transport")
 
 
+COMBINATIONS = [
+    # workers, transport, server -> resolved transport, server, phrase in the reason
+    ("thread", "auto", "thread", "driver", "thread", "env workers are threads"),
+    ("thread", "auto", "process", "driver", "process", "env workers are threads"),
+    ("thread", "driver", "thread", "driver", "thread", "driver"),
+    ("thread", "driver", "process", "driver", "process", "driver"),
+    ("process", "auto", "thread", "slots", "process", "server=thread -> process"),
+    ("process", "auto", "process", "slots", "process", "reach the inference process through shared slots"),
+    ("process", "driver", "thread", "driver", "thread", "driver"),
+    ("process", "driver", "process", "driver", "process", "driver"),
+    ("process", "slots", "thread", "slots", "thread", "slots"),
+    ("process", "slots", "process", "slots", "process", "slots"),
+]
+
+
+@pytest.mark.parametrize(("workers", "transport", "server", "want_transport", "want_server", "phrase"), COMBINATIONS)
+def test_every_combination_resolves_with_a_reason(workers, transport, server, want_transport, want_server, phrase):
+    cfg = compose(f"workers={workers}", f"transport={transport}", f"server={server}")
+    validate(cfg, cuda_available=False)
+    plan = resolve_plan(cfg, CPU_MACHINE)
+    assert (plan.graph.transport, plan.graph.server) == (want_transport, want_server)
+    assert phrase in plan.reason("transport")
+    assert str(plan).startswith("plan:")
+
+
+def test_auto_falls_back_to_the_driver_when_the_policy_device_cannot_be_shared():
+    cfg = compose("workers=process", "device.policy_device=mps")
+    plan = resolve_plan(cfg, CPU_MACHINE)
+    assert plan.graph.transport == "driver" and "cannot share weights" in plan.reason("transport")
+
+
 def test_explicit_choices_are_kept():
     plan = resolve_plan(compose("workers=process", "transport=slots", "server=thread"), CPU_MACHINE)
     assert (plan.graph.transport, plan.graph.server) == ("slots", "thread")

@@ -72,6 +72,8 @@ class GraphSpec:
             server computes the other's actions).
         chunks_per_worker: chunk buffers per worker (None: one batch ahead).
         worker_affinity: CPU sets for process workers, used round-robin.
+        worker_nice: niceness increment of process workers (they yield to
+            the inference server and the trainer).
     """
 
     workers: str = "thread"
@@ -83,6 +85,7 @@ class GraphSpec:
     splits: int = 1
     chunks_per_worker: int | None = None
     worker_affinity: tuple[tuple[int, ...], ...] | None = None
+    worker_nice: int = 0
 
     def __post_init__(self) -> None:
         if self.workers not in ("thread", "process"):
@@ -236,7 +239,7 @@ class AsyncBatchedCollector:
             def channel(size: int) -> Any:
                 return server_transport.client()
         self._channels = [[channel(size) for size in sizes] for sizes in splits]
-        self.workers: Any = ProcessWorkers(self._mp) if g.workers == "process" else ThreadWorkers()
+        self.workers: Any = ProcessWorkers(self._mp, g.worker_nice) if g.workers == "process" else ThreadWorkers()
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:

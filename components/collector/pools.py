@@ -58,14 +58,17 @@ def _process_main(
     mode: int,
     response_keys: tuple[str, ...],
     affinity: list[int] | None,
+    nice: int,
     parent_pid: int,
     from_main_thread: bool,
 ) -> None:
     become_child(parent_pid, from_main_thread)
     limit_threads()
     set_affinity(affinity)
-    import os as _os
-    _os.nice(int(_os.environ.get("RLP_NICE", "0")))
+    if nice:
+        # Below the inference server: when a request arrives the server
+        # preempts a stepping worker at once instead of waiting for its turn.
+        os.nice(nice)
     try:
         run_worker(assignment.worker, _BlockMaker(factory, assignment), channels, writer, control, mode, response_keys)
     except BaseException:  # noqa: BLE001 - already reported through control
@@ -123,8 +126,9 @@ class ProcessWorkers:
 
     backend = "process"
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, nice: int = 0) -> None:
         self._ctx = ctx
+        self._nice = nice
         self._processes: list[Any] = []
 
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
@@ -135,7 +139,8 @@ class ProcessWorkers:
             cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
             process = self._ctx.Process(
                 target=_process_main,
-                args=(a, factory, worker_channels, writer, control, mode, response_keys, cpus, os.getpid(), from_main),
+                args=(a, factory, worker_channels, writer, control, mode, response_keys, cpus, self._nice,
+                      os.getpid(), from_main),
                 name=f"env-worker-{a.worker}",
                 daemon=True,
             )

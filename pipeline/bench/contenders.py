@@ -51,7 +51,7 @@ def _timed(step: Callable[[], int], warmup: float, seconds: float) -> tuple[int,
 
 
 _OPTIONS = {"epw": "envs_per_worker", "splits": "splits", "minb": "server_min_batch_size",
-            "timeout": "server_timeout", "threads": "server_threads"}
+            "timeout": "server_timeout", "threads": "server_threads", "nice": "nice"}
 
 
 def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -83,8 +83,10 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     else:
         chunk_len = min(max(math.ceil(AUTO_MIN_TRANSITIONS / per_worker), frames_per_batch // num_envs),
                         max(1, frames_per_batch // per_worker))
+    nice = workload.get("nice")
+    nice = 0 if nice is None else int(nice)
     return GraphSpec(workers, transport, server, num_envs=num_envs, envs_per_worker=per_worker,
-                     chunk_len=chunk_len, splits=int(splits))
+                     chunk_len=chunk_len, splits=int(splits), worker_nice=nice)
 
 
 def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
@@ -229,6 +231,7 @@ def _run_torchrl(kind: str, workload: dict[str, Any], num_envs: int, warmup: flo
 
         frames, elapsed = _timed(step, warmup, seconds)
         backend = getattr(collector, "server_backend", "?")
+        iterator.close()
     finally:
         collector.shutdown()
     return {"frames": frames, "seconds": elapsed, "server_backend": backend}

@@ -1,0 +1,47 @@
+"""python -m pipeline.bench runs contenders side by side and writes a report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bench.contenders import ours_graph
+from pipeline.bench.harness import format_report, run_bench
+from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
+
+WORKLOAD = {
+    "name": "cartpole",
+    "env": {"_target_": "components.envs.GymEnvFactory", "id": "CartPole-v1"},
+    "model": {"_target_": "components.models.ActorCritic", "encoder": "mlp", "hidden": [16]},
+    "num_envs": 4, "envs_per_worker": None, "splits": None, "nice": 0, "server_min_batch_size": 1,
+    "server_timeout": 0.002, "server_threads": 1, "frames_per_batch": 64, "limit_steps": 200,
+}
+
+
+def test_contender_names_map_to_graphs_with_the_pipelines_rules():
+    g = ours_graph("ours:process/slots/process/auto", WORKLOAD, 64, 4096)
+    assert (g.workers, g.transport, g.server, g.splits) == ("process", "slots", "process", 2)
+    assert g.chunk_len * g.envs_per_worker >= 64
+    g = ours_graph("ours:process/driver/thread/step@epw=4,splits=1", WORKLOAD, 8, 256)
+    assert (g.envs_per_worker, g.splits, g.chunk_len) == (4, 1, 1)
+
+
+@pytest.mark.timeout(300)
+def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
+    cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 2, "warmup": 0.2, "seconds": 0.5,
+           "contenders": ["gym_sync", "ours:thread/driver/thread/auto", "ours:process/slots/thread/auto"],
+           "sweep_envs": [2], "sweep_contenders": ["gym_sync"], "trial_timeout": 120}
+    lines: list[str] = []
+    report = run_bench(cfg, tmp_path, log=lines.append)
+    order = [t["contender"] for t in report["trials"] if t["num_envs"] == 4]
+    assert order[:3] == cfg["contenders"] and order[3:] == cfg["contenders"][::-1], "alternating, reversed"
+    for name in cfg["contenders"]:
+        entry = report["summary"][name]["4"]
+        assert entry["ok"] == 2 and entry["median"] > 0, (name, entry)
+    assert report["limit"]["ok"] and report["limit"]["fps"] > 0
+    assert report["summary"]["gym_sync"]["2"]["median"] > 0
+    saved = json.loads((tmp_path / "bench_cartpole.json").read_text())
+    assert saved["summary"].keys() == report["summary"].keys()
+    table = format_report(report)
+    assert "x gym_sync" in table and "% of limit" in table and "machine limit" in table

@@ -1,0 +1,64 @@
+"""Serving engines: the numpy engine serves the same policy as torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from components.envs import EnvSpec
+from components.interaction import InteractionMode
+from components.models import ActorCritic
+from components.serving import NumpyActorCritic, TorchEngine, serving_engine
+
+DISCRETE = EnvSpec((4,), "float32", "discrete", action_n=3)
+CONTINUOUS = EnvSpec((5,), "float32", "continuous", action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS], ids=["discrete", "continuous"])
+def test_numpy_engine_matches_torch_log_probs_values_and_greedy_actions(spec):
+    torch.manual_seed(0)
+    model = ActorCritic(spec, hidden=(32, 16))
+    engine = NumpyActorCritic(model, seed=0)
+    obs = np.random.default_rng(0).normal(size=(64, *spec.obs_shape)).astype(np.float32)
+    greedy = np.full(64, int(InteractionMode.DETERMINISTIC), np.int8)
+    out = engine.act({"observation": obs}, greedy)
+    with torch.no_grad():
+        ref = model.act({"observation": torch.from_numpy(obs)}, torch.from_numpy(greedy))
+    assert np.allclose(out["action"], ref["action"].numpy(), atol=1e-5)
+    assert np.allclose(out["sample_log_prob"], ref["sample_log_prob"].numpy(), atol=1e-4)
+    assert np.allclose(out["state_value"], ref["state_value"].numpy(), atol=1e-5)
+    sampled = engine.act({"observation": obs}, np.zeros(64, np.int8))
+    log_prob, _, _ = model.evaluate(torch.from_numpy(obs), torch.as_tensor(sampled["action"]))
+    assert np.allclose(sampled["sample_log_prob"], log_prob.detach().numpy(), atol=1e-4)
+
+
+def test_numpy_engine_samples_with_the_policy_probabilities():
+    model = ActorCritic(DISCRETE, hidden=(8,))
+    with torch.no_grad():
+        model.actor[-1].weight.zero_()
+        model.actor[-1].bias.copy_(torch.log(torch.tensor([0.2, 0.3, 0.5])))
+    engine = NumpyActorCritic(model, seed=1)
+    actions = engine.act({"observation": np.zeros((20000, 4), np.float32)}, np.zeros(20000, np.int8))["action"]
+    assert np.allclose(np.bincount(actions, minlength=3) / 20000, [0.2, 0.3, 0.5], atol=0.015)
+
+
+def test_refresh_picks_up_new_weights():
+    model = ActorCritic(DISCRETE, hidden=(8,))
+    engine = NumpyActorCritic(model)
+    obs = {"observation": np.ones((2, 4), np.float32)}
+    before = engine.act(obs)["state_value"].copy()
+    with torch.no_grad():
+        model.critic[-1].bias.add_(5.0)
+    assert np.allclose(engine.act(obs)["state_value"], before)
+    engine.refresh()
+    assert np.allclose(engine.act(obs)["state_value"], before + 5.0, atol=1e-5)
+
+
+def test_auto_picks_numpy_for_cpu_mlps_and_torch_otherwise():
+    assert serving_engine(ActorCritic(DISCRETE), "auto", "cpu").name == "numpy"
+    cnn = ActorCritic(EnvSpec((4, 84, 84), "uint8", "discrete", action_n=6), encoder="nature_cnn")
+    assert isinstance(serving_engine(cnn, "auto", "cpu"), TorchEngine)
+    with pytest.raises(ValueError, match="only MLP encoders"):
+        serving_engine(cnn, "numpy", "cpu")
+    assert isinstance(serving_engine(ActorCritic(DISCRETE), "torch", "cpu"), TorchEngine)
