@@ -31,6 +31,9 @@ def _layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) 
     return layer
 
 
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
@@ -108,10 +111,11 @@ class GaussianHead(nn.Module):
 
 
 def _greedy_rows(modes: torch.Tensor | None) -> torch.Tensor | None:
+    # No "any greedy row?" shortcut: reading it back would synchronise with
+    # the device and make the forward impossible to capture in a CUDA graph.
     if modes is None:
         return None
-    greedy = modes != int(InteractionMode.RANDOM)
-    return greedy if bool(greedy.any()) else None
+    return modes != int(InteractionMode.RANDOM)
 
 
 class ActorCritic(nn.Module):
@@ -139,9 +143,11 @@ class ActorCritic(nn.Module):
         hidden: Sequence[int] = (64, 64),
         features: int = 512,
         init_log_std: float = 0.0,
+        activation: str = "tanh",
     ) -> None:
         super().__init__()
         self.spec = spec
+        act = _ACTIVATIONS[activation]
         if spec.action_kind == "discrete":
             self.head: nn.Module = CategoricalHead()
             action_dim = spec.action_n
@@ -152,8 +158,8 @@ class ActorCritic(nn.Module):
             in_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
             hidden = tuple(hidden)
             self.shared: nn.Module | None = None
-            self.actor = nn.Sequential(mlp(in_dim, hidden), _layer_init(nn.Linear(hidden[-1], action_dim), 0.01))
-            self.critic = nn.Sequential(mlp(in_dim, hidden), _layer_init(nn.Linear(hidden[-1], 1), 1.0))
+            self.actor = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], action_dim), 0.01))
+            self.critic = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], 1), 1.0))
         elif encoder == "nature_cnn":
             if len(spec.obs_shape) != 3:
                 raise ValueError(f"nature_cnn needs [C, H, W] observations, got shape {spec.obs_shape}")
@@ -190,6 +196,70 @@ class ActorCritic(nn.Module):
             action = action.reshape(action.shape[0], -1)
         log_prob, entropy = self.head.evaluate(params, action)
         return log_prob, entropy, value
+
+
+class QNetwork(nn.Module):
+    """Action values for discrete actions, acting epsilon-greedily.
+
+    ``epsilon`` is a buffer, so the exploration schedule travels to the
+    inference server with the weights: the server never reads it from
+    anywhere else. Rows whose interaction mode is ``RANDOM`` explore with
+    probability ``epsilon``; every other mode acts greedily.
+
+    Examples:
+        >>> net = QNetwork(EnvSpec((4,), "float32", "discrete", action_n=2), hidden=(8,))
+        >>> net.epsilon.fill_(0.0)
+        tensor(0.)
+        >>> out = net.act({"observation": torch.zeros(3, 4)}, torch.zeros(3, dtype=torch.int8))
+        >>> sorted(out), out["action"].shape
+        (['action'], torch.Size([3]))
+    """
+
+    in_keys = ("observation",)
+    out_keys = ("action",)
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        encoder: str = "mlp",
+        hidden: Sequence[int] = (128, 128),
+        features: int = 512,
+        activation: str = "relu",
+        init_log_std: float = 0.0,
+    ) -> None:
+        """``init_log_std`` is accepted so every model config has the same keys; Q-networks ignore it."""
+        super().__init__()
+        if spec.action_kind != "discrete":
+            raise ValueError("QNetwork needs a discrete action space (use trainer=ppo for continuous actions)")
+        self.spec = spec
+        act = _ACTIVATIONS[activation]
+        if encoder == "mlp":
+            in_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
+            hidden = tuple(hidden)
+            self.shared: nn.Module | None = None
+            self.head = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], spec.action_n), 1.0))
+        elif encoder == "nature_cnn":
+            if len(spec.obs_shape) != 3:
+                raise ValueError(f"nature_cnn needs [C, H, W] observations, got shape {spec.obs_shape}")
+            self.shared = NatureCNN(spec.obs_shape[0], spec.obs_shape[1], features)
+            self.head = _layer_init(nn.Linear(features, spec.action_n), 1.0)
+        else:
+            raise ValueError(f"unknown encoder {encoder!r} (allowed: mlp, nature_cnn)")
+        self.register_buffer("epsilon", torch.ones(()))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.shared(obs) if self.shared is not None else obs.reshape(obs.shape[0], -1).float()
+        return self.head(x)
+
+    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        q = self(inputs["observation"])
+        greedy = q.argmax(-1)
+        n = q.shape[0]
+        explore = torch.rand(n, device=q.device) < self.epsilon
+        if modes is not None:
+            explore &= modes == int(InteractionMode.RANDOM)
+        random = torch.randint(0, self.spec.action_n, (n,), device=q.device)
+        return {"action": torch.where(explore, random, greedy)}
 
 
 @dataclass(frozen=True)

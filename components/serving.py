@@ -18,50 +18,124 @@ import torch
 from torch import nn
 
 from components.interaction import InteractionMode
-from components.models import ActorCritic, CategoricalHead
+from components.models import ActorCritic, CategoricalHead, QNetwork
 
 ENGINES = ("auto", "torch", "numpy")
 
 
 class TorchEngine:
-    """Serves ``model.act`` with torch: inputs moved to the policy device, outputs to the host.
+    """Serves ``model.act`` with torch; on CUDA through pinned host staging.
 
     Accepts numpy or torch inputs (shared-slot transports hand over numpy
-    views of their banks).
+    views of their banks). With the policy on CUDA, inputs are copied into
+    pinned host buffers and sent to the device without blocking, and the
+    outputs come back into pinned host buffers with one copy per leaf and
+    one event wait per batch (no device-wide synchronisation).
+    ``static_batch_size`` pads every batch to that many rows and replays a
+    CUDA graph captured on first use, removing per-op launch costs.
     """
 
     name = "torch"
 
-    def __init__(self, model: Any, device: str = "cpu", output_device: str = "cpu") -> None:
+    def __init__(self, model: Any, device: str = "cpu", output_device: str = "cpu",
+                 static_batch_size: int | None = None) -> None:
         self.model = model
         self._device = torch.device(device)
         self._output_device = torch.device(output_device)
+        self._cuda = self._device.type == "cuda"
+        self._pinned: dict[str, torch.Tensor] = {}
+        self._static_batch = static_batch_size if self._cuda else None
+        self._graph: Any = None
+        self._static_in: dict[str, torch.Tensor] = {}
+        self._static_out: dict[str, torch.Tensor] = {}
+
+    def _stage(self, key: str, value: Any) -> torch.Tensor:
+        """Copy ``value`` into a pinned host buffer (grown as needed) and return the filled part."""
+        value = torch.as_tensor(value)
+        buf = self._pinned.get(key)
+        if buf is None or buf.shape[0] < value.shape[0] or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype:
+            rows = max(value.shape[0], self._static_batch or 0, 1)
+            buf = torch.empty((rows, *value.shape[1:]), dtype=value.dtype, pin_memory=True)
+            self._pinned[key] = buf
+        part = buf[: value.shape[0]]
+        part.copy_(value)
+        return part
 
     def act(self, inputs: dict[str, Any], modes: Any) -> dict[str, torch.Tensor]:
-        tensors = {k: torch.as_tensor(v) for k, v in inputs.items()}
-        modes = torch.as_tensor(modes)
-        if self._device.type != "cpu":
-            tensors = {k: v.to(self._device, non_blocking=True) for k, v in tensors.items()}
-            modes = modes.to(self._device, non_blocking=True)
+        if not self._cuda:
+            tensors = {k: torch.as_tensor(v) for k, v in inputs.items()}
+            with torch.no_grad():
+                out = self.model.act(tensors, torch.as_tensor(modes))
+            if self._device != self._output_device:
+                out = {k: v.to(self._output_device) for k, v in out.items()}
+            return out
+        n = int(modes.shape[0])
+        device_in = {k: self._stage(k, v).to(self._device, non_blocking=True) for k, v in inputs.items()}
+        device_modes = self._stage("__modes__", modes).to(self._device, non_blocking=True)
         with torch.no_grad():
-            out = self.model.act(tensors, modes)
-        if self._device != self._output_device:
-            out = {k: v.to(self._output_device) for k, v in out.items()}
-        return out
+            if self._static_batch is not None and n <= self._static_batch:
+                out = self._replay(device_in, device_modes, n)
+            else:
+                out = self.model.act(device_in, device_modes)
+        host = {}
+        for key, value in out.items():
+            buf = self._pinned_out(key, value, n)
+            buf.copy_(value[:n], non_blocking=True)
+            host[key] = buf
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return host
+
+    def _pinned_out(self, key: str, value: torch.Tensor, n: int) -> torch.Tensor:
+        name = "__out__" + key
+        buf = self._pinned.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype:
+            buf = torch.empty((max(n, self._static_batch or 0), *value.shape[1:]), dtype=value.dtype, pin_memory=True)
+            self._pinned[name] = buf
+        return buf[:n]
+
+    def _replay(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+        """Run the captured graph on ``inputs`` padded to the static batch size."""
+        if self._graph is None:
+            self._capture(inputs, modes)
+        for key, value in inputs.items():
+            self._static_in[key][:n].copy_(value)
+        self._static_in["__modes__"][:n].copy_(modes)
+        self._graph.replay()
+        return {k: v[:n] for k, v in self._static_out.items()}
+
+    def _capture(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> None:
+        size = int(self._static_batch)
+        self._static_in = {k: torch.zeros((size, *v.shape[1:]), dtype=v.dtype, device=self._device)
+                           for k, v in inputs.items()}
+        self._static_in["__modes__"] = torch.zeros(size, dtype=modes.dtype, device=self._device)
+        static_inputs = {k: v for k, v in self._static_in.items() if k != "__modes__"}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph, as CUDA graphs require
+            for _ in range(3):
+                self.model.act(static_inputs, self._static_in["__modes__"])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._static_out = self.model.act(static_inputs, self._static_in["__modes__"])
+        self._graph = graph
 
     def refresh(self) -> None:
-        """Nothing to do: the engine reads the model's own parameters."""
+        """Nothing to do: weights are copied into the model's own tensors, which the graph reads."""
 
 
 def numpy_eligible(model: Any, device: str) -> str | None:
     """Why ``model`` cannot be served by the numpy engine, or None if it can."""
     if str(device) != "cpu":
         return f"the policy runs on {device}"
-    if not isinstance(model, ActorCritic):
-        return f"{type(model).__name__} is not an ActorCritic"
+    if not isinstance(model, (ActorCritic, QNetwork)):
+        return f"{type(model).__name__} has no numpy engine"
     if model.shared is not None:
         return "only MLP encoders have a numpy engine"
-    for net in (model.actor, model.critic):
+    nets = (model.actor, model.critic) if isinstance(model, ActorCritic) else (model.head,)
+    for net in nets:
         for layer in net.modules():
             if isinstance(layer, (nn.Sequential, nn.Linear, nn.Tanh, nn.ReLU)):
                 continue
@@ -185,8 +259,54 @@ class NumpyActorCritic:
         }
 
 
+class NumpyQNetwork:
+    """A numpy copy of an MLP :class:`QNetwork`: greedy or epsilon-greedy per row.
+
+    Examples:
+        >>> from components.envs import EnvSpec
+        >>> net = QNetwork(EnvSpec((4,), "float32", "discrete", action_n=2), hidden=(8,))
+        >>> engine = NumpyQNetwork(net, seed=0)
+        >>> out = engine.act({"observation": np.zeros((3, 4), np.float32)}, np.ones(3, np.int8))
+        >>> out["action"].tolist() == net(torch.zeros(3, 4)).argmax(-1).tolist()
+        True
+    """
+
+    in_keys = ("observation",)
+    name = "numpy"
+
+    def __init__(self, model: QNetwork, seed: int | None = None) -> None:
+        reason = numpy_eligible(model, "cpu")
+        if reason is not None:
+            raise ValueError(f"the numpy engine cannot serve this model: {reason}")
+        self.source = model
+        self._rng = np.random.default_rng(seed)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the weights and the exploration rate (call after every update)."""
+        self._layers = _layers(self.source.head)
+        self._epsilon = float(self.source.epsilon)
+        self._actions = self.source.spec.action_n
+
+    def act(self, inputs: dict[str, Any], modes: Any = None) -> dict[str, np.ndarray]:
+        obs = inputs["observation"]
+        obs = obs.numpy() if isinstance(obs, torch.Tensor) else np.asarray(obs)
+        n = obs.shape[0]
+        q = _apply(obs.reshape(n, -1).astype(np.float32, copy=False), self._layers)
+        action = q.argmax(1)
+        if self._epsilon > 0:
+            explore = self._rng.random(n) < self._epsilon
+            if modes is not None:
+                m = modes.numpy() if isinstance(modes, torch.Tensor) else np.asarray(modes)
+                explore &= m == int(InteractionMode.RANDOM)
+            if explore.any():
+                action = np.where(explore, self._rng.integers(0, self._actions, n), action)
+        return {"action": action.astype(np.int64, copy=False)}
+
+
 def serving_engine(
-    model: Any, engine: str, device: str = "cpu", output_device: str = "cpu", seed: int | None = None
+    model: Any, engine: str, device: str = "cpu", output_device: str = "cpu", seed: int | None = None,
+    static_batch_size: int | None = None,
 ) -> Any:
     """The engine whose ``act`` the server calls (``.name`` says which)."""
     if engine not in ENGINES:
@@ -194,9 +314,9 @@ def serving_engine(
     if engine != "torch":
         reason = numpy_eligible(model, device)
         if reason is None:
-            return NumpyActorCritic(model, seed)
+            return NumpyActorCritic(model, seed) if isinstance(model, ActorCritic) else NumpyQNetwork(model, seed)
         if engine == "numpy":
             raise ValueError(f"server.engine=numpy: {reason}")
     if not isinstance(model, torch.nn.Module):  # e.g. a relay: already an engine
         return model
-    return TorchEngine(model, device, output_device)
+    return TorchEngine(model, device, output_device, static_batch_size)

@@ -46,6 +46,7 @@ class Plan:
     graph: GraphSpec
     server: ServerConfig
     trainer_device: str
+    storing_device: str = "cpu"
     reasons: tuple[tuple[str, str], ...] = field(default=())
 
     def reason(self, key: str) -> str:
@@ -101,6 +102,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
 
     policy_device, policy_note = _device(str(cfg.device.policy_device), machine)
     trainer_device, trainer_note = _device(str(cfg.device.trainer_device), machine)
+    storing_device, _ = _device(str(cfg.device.storing_device), machine)
 
     if transport == "auto":
         if workers != "process":
@@ -145,8 +147,12 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
     else:
         chunk_len, why = 1, "auto -> 1 step per message: thread workers have no process boundary to amortise"
     reasons.append(("chunking", why))
-    reasons.append(("device", f"policy {policy_device}, trainer {trainer_device}"
+    reasons.append(("device", f"policy {policy_device}, trainer {trainer_device}, batches stored on {storing_device}"
                     + (f" ({trainer_note})" if trainer_note != trainer_device else "")))
+    if cfg.replay.kind != "none":
+        where = "memory" if cfg.replay.storage == "memory" else "memory-mapped files in the run directory"
+        reasons.append(("replay", f"{cfg.replay.kind}, {cfg.replay.capacity} transitions in {where}, "
+                        f"frame dedup {cfg.replay.frame_dedup}, written by a background writer thread"))
     target = cfg.trainer.target_return
     reasons.append((
         "trainer",
@@ -175,5 +181,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
         output_device="cpu",
         num_threads=int(cfg.server.num_threads),
         seed=int(cfg.seed),
+        engine=str(cfg.server.engine),
+        static_batch_size=cfg.server.static_batch_size if policy_device.startswith("cuda") else None,
     )
-    return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, reasons=tuple(reasons))
+    return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, storing_device=storing_device,
+                reasons=tuple(reasons))

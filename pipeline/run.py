@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from components.checkpoint import save_checkpoint
 from components.collector.collector import AsyncBatchedCollector, CollectorError
 from components.envs import EnvConfigError, probe_env_spec
-from components.episodes import EpisodeTracker
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
+from components.trainers.dqn import DQNTrainer
 from components.trainers.ppo import PPOTrainer
+from pipeline.loops import Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.validate import ConfigError, validate
 
@@ -42,35 +42,7 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _echo(message: str, bar: Any = None) -> None:
-    if bar is not None:
-        bar.write(message)
-    else:
-        print(message, flush=True)
-
-
-class _Progress:
-    """A tqdm bar on stderr when enabled, nothing otherwise."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="frame", unit_scale=True, dynamic_ncols=True,
-                            mininterval=0.5, smoothing=0.1, file=sys.stderr)
-
-    def update(self, frames: int, fps: float, mean_return: float) -> None:
-        if self.bar is not None:
-            self.bar.update(frames)
-            self.bar.set_postfix_str(f"fps {fps:,.0f} | return {mean_return:.1f}", refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def build_parts(cfg: DictConfig, plan: Plan) -> tuple[Any, Any, ModelSpec, PPOTrainer]:
+def build_parts(cfg: DictConfig, plan: Plan) -> tuple[Any, Any, ModelSpec, Any]:
     """Instantiate the leaf objects: env factory, env spec, model spec, trainer."""
     env_factory = instantiate(cfg.env.factory, _convert_="all")
     try:
@@ -81,21 +53,42 @@ def build_parts(cfg: DictConfig, plan: Plan) -> tuple[Any, Any, ModelSpec, PPOTr
     assert isinstance(model_kwargs, dict)
     target = str(model_kwargs.pop("_target_"))
     model_spec = ModelSpec(target, model_kwargs)
+    if cfg.trainer.name == "dqn" and env_spec.action_kind != "discrete":
+        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has continuous actions; "
+                          "DQN needs discrete ones (use trainer=ppo)")
     try:
         model = model_spec.build(env_spec)
-    except ValueError as err:
+    except (ValueError, KeyError) as err:
         raise ConfigError(f"model.encoder={cfg.model.encoder!r}: {err}") from None
     algo = instantiate(cfg.trainer, _convert_="all")
-    trainer = PPOTrainer(model, algo, device=plan.trainer_device)
-    return env_factory, env_spec, model_spec, trainer
+    trainer_class = DQNTrainer if algo.name == "dqn" else PPOTrainer
+    return env_factory, env_spec, model_spec, trainer_class(model, algo, device=plan.trainer_device)
 
 
-def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    sums: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        for key, value in row.items():
-            sums[key].append(value)
-    return {key: float(np.nanmean(values)) for key, values in sums.items()}
+def build_replay(cfg: DictConfig, run_dir: Path, env_spec: Any, algo: Any, device: str = "cpu") -> tuple[Any, Any]:
+    """The replay buffer and the n-step transform the writer applies (or None, None)."""
+    r = cfg.replay
+    if r.kind == "none":
+        return None, None
+    from components.replay.buffer import ReplayBuffer
+    from components.replay.frames import FrameStackStorage
+    from components.replay.nstep import NStepReturns
+    from components.replay.storage import TensorStorage
+
+    path = run_dir / "replay" if r.storage == "disk" else None
+    stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
+    dedup = {"auto": stacks, "true": True, "false": False}[str(r.frame_dedup).lower()]
+    if dedup and not stacks:
+        raise ConfigError(f"replay.frame_dedup={r.frame_dedup}: observations {env_spec.obs_shape} "
+                          f"{env_spec.obs_dtype} are not uint8 frame stacks")
+    if dedup:
+        storage: Any = FrameStackStorage(int(r.capacity), path=path)
+    else:
+        storage = TensorStorage(int(r.capacity), device=device if path is None else "cpu", path=path)
+    updates = max(1, algo.total_frames // algo.frames_per_batch * algo.updates_per_batch)
+    buffer = ReplayBuffer(storage, sampler=str(r.kind), alpha=float(r.alpha), beta=float(r.beta),
+                          beta_steps=updates, eps=float(r.eps), max_policy_lag=r.max_policy_lag, seed=int(cfg.seed))
+    return buffer, NStepReturns(int(algo.n_step), float(algo.gamma))
 
 
 def run(cfg: DictConfig, run_dir: Path) -> int:
@@ -113,10 +106,12 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
     env_factory, env_spec, model_spec, trainer = build_parts(cfg, plan)
     algo = trainer.config
+    buffer, nstep = build_replay(cfg, run_dir, env_spec, algo, plan.storing_device)
     collector = AsyncBatchedCollector(
         env_factory, model_spec, plan.graph,
         frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames,
         seed=int(cfg.seed), server_config=plan.server, env_spec=env_spec,
+        replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
     )
     collector.update_policy_weights_(trainer.model)  # served from the first request
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -124,101 +119,64 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     logger = instantiate(cfg.logger, run_dir=run_dir, name=run_dir.name, run_config=resolved,
                          _convert_="all", _recursive_=False)
     assert isinstance(logger, MetricsLogger)
+    reporter = Reporter(collector, logger, total_frames=algo.total_frames, window=algo.target_window,
+                        target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer)
 
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
-    tracker = EpisodeTracker(algo.target_window)
-    progress = _Progress(algo.total_frames, bool(cfg.progress))
-    started = time.monotonic()
-    last_log, last_frames = started, 0
-    pending: list[dict[str, float]] = []
     stop_reason, code = "total_frames", EXIT_OK
     try:
-        collector.start()
-        for batch in collector:
-            tracker.add_batch(batch)
-            pending.append(trainer.update(batch))
-            collector.update_policy_weights_(trainer.model)
-            now = time.monotonic()
-            progress.update(batch.numel(), collector.frames / max(now - started, 1e-9), tracker.mean_return)
-            solved = (algo.target_return is not None and tracker.full
-                      and tracker.mean_return >= algo.target_return)
-            if now - last_log >= logger.interval or solved:
-                _log_row(logger, collector, tracker, pending, now - started,
-                         (collector.frames - last_frames) / max(now - last_log, 1e-9), progress.bar)
-                pending, last_log, last_frames = [], now, collector.frames
-            if solved:
-                stop_reason = "target_return"
-                break
+        if buffer is None:
+            stop_reason = run_on_policy(collector, trainer, reporter)
+        else:
+            stop_reason = run_off_policy(collector, trainer, buffer, reporter)
     except (KeyboardInterrupt, Interrupted) as err:
         stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
     except CollectorError as err:
         stop_reason, code = f"failed: {err}", EXIT_FAILED
     finally:
-        progress.close()
+        reporter.close()
         # No second Ctrl-C may cut the clean-up short.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         try:
             collector.shutdown()
-            wall = time.monotonic() - started
-            if pending:
-                fps = (collector.frames - last_frames) / max(time.monotonic() - last_log, 1e-9)
-                _log_row(logger, collector, tracker, pending, wall, fps, None)
+            wall = time.monotonic() - reporter.started
+            if reporter.pending:
+                reporter.flush(echo=False)
             checkpoint = None
             if cfg.checkpoint:
-                checkpoint = save_checkpoint(run_dir / "checkpoint.pt", {
+                state = {
                     **trainer.state_dict(),
                     "config": resolved,
                     "model_spec": {"target": model_spec.target, "kwargs": model_spec.kwargs},
                     "env_spec": env_spec,
-                    "episode_return_mean": tracker.mean_return,
+                    "episode_return_mean": reporter.tracker.mean_return,
                     "stop_reason": stop_reason,
-                })
-            summary = {
+                }
+                if buffer is not None and cfg.replay.storage == "disk":
+                    state["replay"] = buffer.state_dict()
+                    state["nstep"] = nstep.state_dict()
+                checkpoint = save_checkpoint(run_dir / "checkpoint.pt", state)
+            tracker = reporter.tracker
+            logger.summary({
                 "frames": collector.frames,
                 "wall_time_s": round(wall, 3),
                 "stop_reason": stop_reason,
                 "episode/return_mean": tracker.mean_return,
                 "episode/count": tracker.total,
                 "solved": stop_reason == "target_return",
-            }
-            logger.summary(summary)
+            })
             logger.close(exit_code=code)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+    tracker = reporter.tracker
     print(f"{stop_reason}: {collector.frames} frames in {wall:.1f} s, mean return "
           f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
           + (f"; checkpoint {checkpoint}" if checkpoint else ""), flush=True)
     if code == EXIT_FAILED:
         print(f"error: {stop_reason.removeprefix('failed: ')}", file=sys.stderr, flush=True)
     return code
-
-
-def _log_row(logger: MetricsLogger, collector: AsyncBatchedCollector, tracker: EpisodeTracker,
-             pending: list[dict[str, float]], elapsed: float, fps: float, bar: Any) -> None:
-    train = _mean_metrics(pending)
-    row: dict[str, Any] = {"time": elapsed}
-    row.update({f"train/{k}": v for k, v in train.items() if not k.startswith("policy_lag") and k != "dropped_stale_frames"})
-    row["collector/frames"] = collector.frames
-    row["collector/frames_per_s"] = fps
-    row["collector/policy_version"] = collector.policy_version
-    for key in ("policy_lag_mean", "policy_lag_max", "dropped_stale_frames"):
-        if key in train:
-            row[f"collector/{key}"] = train[key]
-    row.update({f"collector/{k}": v for k, v in collector.worker_stats().items()})
-    row.update({f"server/{k}": v for k, v in collector.server_stats(reset=True).items()})
-    row["episode/return_mean"] = tracker.mean_return
-    row["episode/length_mean"] = tracker.mean_length
-    row["episode/count"] = tracker.total
-    logger.log(row, frames=collector.frames)
-    _echo(
-        f"frames {collector.frames:>9,} | fps {fps:>8,.0f} | return {tracker.mean_return:8.1f} | "
-        f"loss {train.get('policy_loss', float('nan')):+.3f}/{train.get('value_loss', float('nan')):.3f} | "
-        f"server batch {row.get('server/avg_batch_size', 0):.1f} p95 {row.get('server/forward_p95_ms', 0):.2f} ms | "
-        f"workers {row.get('collector/bound', '?')}-bound",
-        bar,
-    )
 
 
 def main_from_hydra(cfg: DictConfig) -> None:

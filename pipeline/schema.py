@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from components.trainers.dqn import DQNConfig
 from components.trainers.ppo import PPOConfig
 
 
@@ -40,8 +41,10 @@ class ModelSchema:
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     #: width of the CNN's feature layer
     features: int = 512
-    #: initial log standard deviation of Gaussian action heads
+    #: initial log standard deviation of Gaussian action heads (actor-critics)
     init_log_std: float = 0.0
+    #: hidden-layer activation: tanh or relu
+    activation: str = "tanh"
 
 
 @dataclass
@@ -76,6 +79,10 @@ class ServerSchema:
     stats_window: int = 256
     #: torch threads of a server process
     num_threads: int = 1
+    #: how the policy is evaluated: auto (numpy for small MLPs on the CPU), torch, numpy
+    engine: str = "auto"
+    #: CUDA only: pad batches to this many rows and replay a captured CUDA graph (null: off)
+    static_batch_size: int | None = None
 
 
 @dataclass
@@ -104,13 +111,32 @@ class ChunkingSchema:
 
 @dataclass
 class ReplaySchema:
-    #: none: on-policy training straight from collected batches
+    #: none (on-policy: learn from each batch once), uniform or prioritized
     kind: str = "none"
+    #: memory (preallocated tensors) or disk (memory-mapped files in the run directory)
+    storage: str = "memory"
+    #: transitions kept (circular overwrite)
+    capacity: int = 100_000
+    #: store each frame of uint8 frame stacks once: auto (when observations are stacks), true, false
+    frame_dedup: str = "auto"
+    #: prioritized: priority exponent
+    alpha: float = 0.6
+    #: prioritized: initial importance-sampling exponent, annealed to 1
+    beta: float = 0.4
+    #: prioritized: added to |TD error| so no priority is zero
+    eps: float = 1e-6
+    #: samples older than this many policy versions are not returned (null: no filter)
+    max_policy_lag: int | None = None
 
 
 @dataclass
 class PPOSchema(PPOConfig):
     _target_: str = "components.trainers.ppo.PPOConfig"
+
+
+@dataclass
+class DQNSchema(DQNConfig):
+    _target_: str = "components.trainers.dqn.DQNConfig"
 
 
 @dataclass
@@ -164,6 +190,7 @@ def register() -> None:
         ("chunking", "base_chunking", ChunkingSchema),
         ("replay", "base_replay", ReplaySchema),
         ("trainer", "base_ppo", PPOSchema),
+        ("trainer", "base_dqn", DQNSchema),
         ("logger", "base_logger", LoggerSchema),
     ):
         cs.store(group=group, name=name, node=node)

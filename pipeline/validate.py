@@ -75,6 +75,7 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
 
     # model
     _one_of(cfg, "model.encoder", ("mlp", "nature_cnn"))
+    _one_of(cfg, "model.activation", ("tanh", "relu"))
     _check(cfg, "model.hidden", lambda v: len(v) > 0 and all(int(h) >= 1 for h in v), "a non-empty list of widths >= 1")
 
     # workers / transport / server
@@ -101,14 +102,27 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
             f"server.min_batch_size={cfg.server.min_batch_size}: must be <= server.max_batch_size={cfg.server.max_batch_size}"
         )
     _check(cfg, "server.timeout", *non_negative)
+    _one_of(cfg, "server.engine", ("auto", "torch", "numpy"))
 
     # device
     for key in ("policy_device", "trainer_device", "output_device", "env_device", "storing_device"):
         _check_device(cfg, f"device.{key}", cuda_available, cuda_count)
-    for key in ("output_device", "env_device", "storing_device"):
+    for key in ("output_device", "env_device"):
         value = str(cfg.device[key])
         if value not in ("cpu", "auto"):
             raise ConfigError(f"device.{key}={value!r}: must be cpu (env workers and shared buffers live on the host)")
+    if cfg.transport.kind == "slots" and str(cfg.device.policy_device) not in ("cpu", "auto") \
+            and not str(cfg.device.policy_device).startswith("cuda"):
+        raise ConfigError(f"device.policy_device={cfg.device.policy_device!r}: transport=slots needs a cpu or cuda "
+                          "policy (weights must be shareable with the inference process)")
+    if cfg.replay.kind != "none" and cfg.replay.storage == "disk" and str(cfg.device.storing_device) not in ("cpu", "auto"):
+        raise ConfigError(f"device.storing_device={cfg.device.storing_device!r}: replay.storage=disk keeps "
+                          "transitions in memory-mapped host files (use storing_device=cpu)")
+    if cfg.server.static_batch_size is not None:
+        _check(cfg, "server.static_batch_size", lambda v: v >= 1, ">= 1 (or null)")
+        if not str(cfg.device.policy_device).startswith(("cuda", "auto")):
+            raise ConfigError(f"server.static_batch_size={cfg.server.static_batch_size}: CUDA graphs need "
+                              f"device.policy_device=cuda (got {cfg.device.policy_device!r})")
 
     # chunking
     _one_of(cfg, "chunking.mode", ("auto", "step", "fixed"))
@@ -118,20 +132,47 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
         _check(cfg, "chunking.chunks_per_worker", lambda v: v >= 2, ">= 2 (or null)")
 
     # replay / trainer
-    _one_of(cfg, "replay.kind", ("none",))
-    _one_of(cfg, "trainer.name", ("ppo",))
+    _one_of(cfg, "replay.kind", ("none", "uniform", "prioritized"))
+    _one_of(cfg, "trainer.name", ("ppo", "dqn"))
     t = cfg.trainer
-    for key in ("frames_per_batch", "total_frames", "target_window", "epochs", "minibatches"):
+    if t.name == "ppo" and cfg.replay.kind != "none":
+        raise ConfigError(f"replay.kind={cfg.replay.kind!r}: trainer=ppo learns on-policy, use replay=none")
+    if t.name == "dqn" and cfg.replay.kind == "none":
+        raise ConfigError("replay.kind='none': trainer=dqn needs a replay buffer (replay=uniform or replay=prioritized)")
+    if cfg.replay.kind != "none":
+        _one_of(cfg, "replay.storage", ("memory", "disk"))
+        _one_of(cfg, "replay.frame_dedup", ("auto", "true", "false"))
+        _check(cfg, "replay.capacity", *positive)
+        _check(cfg, "replay.alpha", *non_negative)
+        _check(cfg, "replay.beta", lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check(cfg, "replay.eps", lambda v: v > 0, "> 0")
+        if cfg.replay.max_policy_lag is not None:
+            _check(cfg, "replay.max_policy_lag", *non_negative)
+    for key in ("frames_per_batch", "total_frames", "target_window"):
         _check(cfg, f"trainer.{key}", *positive)
-    _check(cfg, "trainer.max_policy_lag", *non_negative)
     _check(cfg, "trainer.lr", lambda v: v > 0, "> 0")
     _check(cfg, "trainer.gamma", lambda v: 0 < v <= 1, "in (0, 1]")
-    _check(cfg, "trainer.gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]")
-    _check(cfg, "trainer.clip_coef", lambda v: v > 0, "> 0")
-    for key in ("ent_coef", "vf_coef", "max_grad_norm"):
-        _check(cfg, f"trainer.{key}", *non_negative)
-    if t.minibatches > t.frames_per_batch:
-        raise ConfigError(f"trainer.minibatches={t.minibatches}: must be <= trainer.frames_per_batch={t.frames_per_batch}")
+    _check(cfg, "trainer.max_grad_norm", *non_negative)
+    if t.name == "ppo":
+        for key in ("epochs", "minibatches"):
+            _check(cfg, f"trainer.{key}", *positive)
+        _check(cfg, "trainer.max_policy_lag", *non_negative)
+        _check(cfg, "trainer.gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check(cfg, "trainer.clip_coef", lambda v: v > 0, "> 0")
+        for key in ("ent_coef", "vf_coef"):
+            _check(cfg, f"trainer.{key}", *non_negative)
+        if t.minibatches > t.frames_per_batch:
+            raise ConfigError(f"trainer.minibatches={t.minibatches}: must be <= trainer.frames_per_batch={t.frames_per_batch}")
+    else:
+        for key in ("batch_size", "updates_per_batch", "target_update_period", "n_step"):
+            _check(cfg, f"trainer.{key}", *positive)
+        _check(cfg, "trainer.learning_starts", *non_negative)
+        _check(cfg, "trainer.tau", lambda v: 0 < v <= 1, "in (0, 1]")
+        for key in ("eps_start", "eps_end"):
+            _check(cfg, f"trainer.{key}", lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check(cfg, "trainer.eps_fraction", lambda v: 0 < v <= 1, "in (0, 1]")
+        if t.batch_size > cfg.replay.capacity:
+            raise ConfigError(f"trainer.batch_size={t.batch_size}: must be <= replay.capacity={cfg.replay.capacity}")
 
     # logger / top level
     _one_of(cfg, "logger.kind", LOGGER_KINDS)

@@ -155,3 +155,45 @@ def test_weights_pushed_before_start_are_served_from_the_first_step():
         collector.shutdown()
     assert set(batch["policy_version"].tolist()) == {1}
     assert torch.allclose(batch["state_value"], torch.zeros(20)), "zeroed weights give zero values"
+
+
+class RecordingBuffer:
+    """Stands in for a replay buffer: remembers every extend."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def extend(self, batch) -> None:  # noqa: ANN001
+        self.batches.append(batch.clone())
+
+    def __len__(self) -> int:
+        return sum(b.numel() for b in self.batches)
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_the_writer_fills_replay_in_the_background_and_pause_holds_it(workers):
+    graph = GraphSpec(workers, "slots" if workers == "process" else "driver", "thread",
+                      num_envs=4, envs_per_worker=2, chunk_len=2)
+    buffer = RecordingBuffer()
+    collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), SMALL_MLP, graph, frames_per_batch=32,
+                                      total_frames=32 * 40, seed=1, replay_buffer=buffer,
+                                      postproc=lambda b: b[b["env_index"] >= 0])
+    try:
+        collector.start()
+        deadline = time.monotonic() + 30
+        while len(buffer.batches) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with collector.pause(timeout=10):
+            written = len(buffer.batches)
+            time.sleep(0.3)
+            assert len(buffer.batches) == written, "no write while paused"
+        with pytest.raises(RuntimeError, match="sample the buffer"):
+            iter(collector).__next__()
+        deadline = time.monotonic() + 60
+        while collector.writing and time.monotonic() < deadline:
+            time.sleep(0.02)
+        collector.check_writer()
+    finally:
+        collector.shutdown()
+    assert len(buffer) == 32 * 40 and all(b.numel() == 32 for b in buffer.batches)
+    assert_trajectories_intact(buffer.batches)

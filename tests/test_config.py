@@ -17,7 +17,7 @@ GPU_MACHINE = Machine(cpus=8, cuda=True, cuda_count=1)
 
 OPTIONS = sorted(
     (group.name, option.stem)
-    for group in CONF_DIR.iterdir() if group.is_dir() and group.name not in ("experiment", "bench_workload")
+    for group in CONF_DIR.iterdir() if group.is_dir() and group.name not in ("experiment", "bench_workload", "specialize")
     for option in group.glob("*.yaml")
 )
 
@@ -27,6 +27,10 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "transport" and option == "slots":
         overrides.append("workers=process")
+    if group == "replay" and option != "none":
+        overrides.append("trainer=dqn")
+    if group == "trainer" and option.startswith("dqn"):
+        overrides.append("replay=uniform")
     cfg = compose(*overrides)
     if group == "device" and option == "cuda":
         with pytest.raises(ConfigError, match="CUDA is not available"):
@@ -48,6 +52,23 @@ def test_every_bench_workload_composes(workload):
     assert cfg.num_envs == cfg.bench_workload.num_envs and cfg.repeats >= 1
 
 
+def test_trainer_env_specialisations_apply_to_their_pair_only():
+    assert compose("env=atari").trainer.lr == pytest.approx(2.5e-4)
+    assert compose("env=atari", "trainer.lr=0.01").trainer.lr == pytest.approx(0.01), "the command line wins"
+    assert compose("env=atari", "trainer=dqn", "replay=uniform").trainer.learning_starts == 80000
+    assert compose("trainer=dqn", "replay=uniform").trainer.learning_starts == 1000
+    assert compose().trainer.lr == pytest.approx(1e-3)
+
+
+def test_dqn_swaps_in_a_q_network_for_any_encoder():
+    cfg = compose("trainer=dqn", "replay=uniform")
+    assert (cfg.model._target_, cfg.model.encoder, list(cfg.model.hidden)) == ("components.models.QNetwork", "mlp", [256, 256])
+    cfg = compose("env=atari", "trainer=dqn", "replay=uniform", "replay.storage=disk")
+    assert (cfg.model._target_, cfg.model.encoder) == ("components.models.QNetwork", "nature_cnn")
+    plan = resolve_plan(cfg, CPU_MACHINE)
+    assert "memory-mapped files in the run directory" in plan.reason("replay")
+
+
 def test_atari_env_picks_its_parts_but_the_command_line_wins():
     cfg = compose("env=atari")
     assert (cfg.model.encoder, cfg.workers.backend, cfg.trainer.frames_per_batch) == ("nature_cnn", "process", 2048)
@@ -67,6 +88,12 @@ BAD = [
     (["chunking=fixed", "chunking.size=0"], "chunking.size=0: must be >= 1"),
     (["trainer.gamma=1.5"], "trainer.gamma=1.5: must be in (0, 1]"),
     (["workers.affinity=[[0]]"], "workers.affinity=[[0]]: only applies to workers=process"),
+    (["trainer=dqn"], "replay.kind='none': trainer=dqn needs a replay buffer"),
+    (["replay=uniform"], "replay.kind='uniform': trainer=ppo learns on-policy, use replay=none"),
+    (["trainer=dqn", "replay=prioritized", "replay.beta=2"], "replay.beta=2.0: must be in [0, 1]"),
+    (["trainer=dqn", "replay=uniform", "replay.storage=tape"], "replay.storage='tape': must be one of memory, disk"),
+    (["trainer=dqn", "replay=uniform", "trainer.tau=0"], "trainer.tau=0.0: must be in (0, 1]"),
+    (["device.env_device=cuda"], "device.env_device='cuda': CUDA is not available"),
 ]
 
 

@@ -158,6 +158,10 @@ class AsyncBatchedCollector:
         server_config: ServerConfig | None = None,
         interaction_mode: Any = InteractionMode.RANDOM,
         env_spec: EnvSpec | None = None,
+        replay_buffer: Any = None,
+        postproc: Callable[[Any], Any] | None = None,
+        on_batch: Callable[[Any], None] | None = None,
+        storing_device: str = "cpu",
     ) -> None:
         if frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be >= 1, got {frames_per_batch}")
@@ -180,6 +184,13 @@ class AsyncBatchedCollector:
         self._iter_lock = threading.Lock()
         self._timing_mark: tuple[float, np.ndarray] | None = None
         self._pending_weights: Any = None
+        self.replay_buffer = replay_buffer
+        self.storing_device = torch.device(storing_device)
+        self._postproc = postproc
+        self._on_batch = on_batch
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._writer_error: BaseException | None = None
         self._mp = mp.get_context("spawn")
         self._build()
 
@@ -243,7 +254,12 @@ class AsyncBatchedCollector:
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:
-        """Start the server, the relay (if any) and the workers; idempotent."""
+        """Start the server, the relay (if any) and the workers; idempotent.
+
+        With a ``replay_buffer`` it also starts the writer thread, which
+        extends the buffer with every batch (one ``extend`` per batch) until
+        ``total_frames``, so collection goes on while a trainer samples.
+        """
         if self._started:
             return self
         if self._closed:
@@ -273,6 +289,9 @@ class AsyncBatchedCollector:
             )
             self._wait_running(self.start_timeout)
             self._timing_mark = (time.monotonic(), self._control.timing.copy())
+            if self.replay_buffer is not None:
+                self._writer = threading.Thread(target=self._write_loop, name="replay-writer", daemon=True)
+                self._writer.start()
         except BaseException:
             self.shutdown()
             raise
@@ -297,6 +316,8 @@ class AsyncBatchedCollector:
         self._control.pause[0] = 0
         if self._started:
             self.workers.join(timeout)
+        if self._writer is not None:
+            self._writer.join(timeout)
         self._relay_stop.set()
         if self._relay_thread is not None:
             self._relay_thread.join(timeout)
@@ -311,6 +332,40 @@ class AsyncBatchedCollector:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.shutdown(timeout=1.0)
+
+    # ----------------------------------------------------------------- writer
+    def _write_loop(self) -> None:
+        try:
+            while self.total_frames < 0 or self._frames < self.total_frames:
+                left = self.frames_per_batch if self.total_frames < 0 else self.total_frames - self._frames
+                batch = self.next_batch(min(self.frames_per_batch, left))
+                if self._on_batch is not None:
+                    self._on_batch(batch)  # may wait: the trainer's backpressure
+                with self._writer_lock:  # pause() holds it: no write while paused
+                    if self._postproc is not None:
+                        batch = self._postproc(batch)
+                    if batch.numel():
+                        self.replay_buffer.extend(batch)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by check_writer()
+            if not self._closed:
+                self._writer_error = exc
+
+    @property
+    def writing(self) -> bool:
+        """Whether the replay writer is still collecting."""
+        return self._writer is not None and self._writer.is_alive()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_writer(self) -> None:
+        """Raise the replay writer's error, if it stopped with one."""
+        if self._writer_error is not None:
+            error = self._writer_error
+            if isinstance(error, CollectorError):
+                raise CollectorError(str(error)) from error
+            raise CollectorError(f"the replay writer failed: {error!r}") from error
 
     # ----------------------------------------------------------------- health
     def _check_health(self) -> None:
@@ -384,9 +439,12 @@ class AsyncBatchedCollector:
             if self._carry is None or self._carry[0] != gid:
                 pool.release(gid)
         self._frames += n
-        return TensorDict(_nest(out), batch_size=[n])
+        batch = TensorDict(_nest(out), batch_size=[n])
+        return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.replay_buffer is not None:
+            raise RuntimeError("this collector writes to its replay buffer; sample the buffer instead of iterating")
         if not self._iter_lock.acquire(blocking=False):
             raise RuntimeError("the collector is already being iterated")
         try:
@@ -446,17 +504,23 @@ class AsyncBatchedCollector:
 
     @contextlib.contextmanager
     def pause(self, timeout: float = 30.0) -> Iterator[None]:
-        """Quiesce env workers (and so the server) for the duration of the block.
+        """Quiesce env workers, the server and the replay writer for the block.
 
         Workers park at a step boundary, after their last request was
-        answered; transitions already in chunks stay there, in order.
+        answered; transitions already in chunks stay there, in order; the
+        writer finishes the extend it is in and waits. Everything resumes
+        where it stopped: no transition is lost or written twice.
         """
         if not self._started or self._closed:
             yield
             return
         control = self._control
         control.pause[0] = 1
+        locked = False
         try:
+            if not self._writer_lock.acquire(timeout=timeout):
+                raise TimeoutError(f"the replay writer did not pause within {timeout} s")
+            locked = True
             deadline = time.monotonic() + timeout
             while True:
                 parked = [bool(control.paused[w]) or control.status[w] in (EXITED, FAILED)
@@ -469,4 +533,6 @@ class AsyncBatchedCollector:
                 time.sleep(0.002)
             yield
         finally:
+            if locked:
+                self._writer_lock.release()
             control.pause[0] = 0

@@ -24,7 +24,7 @@ from components.envs import EnvSpec
 from components.inference.server import ServeLoop, ServerConfig, state_of
 from components.inference.slots import SlotTransport
 from components.inference.stats import ServerStats
-from components.inference.weights import SharedWeights
+from components.inference.weights import CudaSharedWeights, SharedWeights
 from components.lifecycle import become_child, force_stop, on_main_thread
 from components.models import ModelSpec
 from components.shm import FieldSpec, SharedArena
@@ -137,7 +137,10 @@ class ProcessInferenceServer:
         self._ctx = ctx or mp.get_context("spawn")
         if template is None:
             template = model_spec.build(env_spec).state_dict()
-        self._weights = SharedWeights(template, self._ctx)
+        if torch.device(self.config.device).type == "cuda":
+            self._weights: Any = CudaSharedWeights(template, self.config.device, self._ctx)
+        else:
+            self._weights = SharedWeights(template, self._ctx)
         self._control = _control_block()
         self._conn, self._child_conn = self._ctx.Pipe()
         self._conn_lock = threading.Lock()

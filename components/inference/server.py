@@ -37,6 +37,8 @@ class ServerConfig:
         num_threads: torch intra-op threads of a server process (None: leave as is).
         seed: seed of the server's sampling RNG.
         engine: "auto", "torch" or "numpy" (see :mod:`components.serving`).
+        static_batch_size: on CUDA, pad batches to this size and replay a
+            captured CUDA graph (None: plain eager forwards).
     """
 
     max_batch_size: int = 256
@@ -48,6 +50,7 @@ class ServerConfig:
     num_threads: int | None = None
     seed: int | None = None
     engine: str = "auto"
+    static_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -89,7 +92,8 @@ class ServeLoop:
         on_version: Any = None,
     ) -> None:
         self.model = model
-        self.served = serving_engine(model, config.engine, config.device, config.output_device, config.seed)
+        self.served = serving_engine(model, config.engine, config.device, config.output_device, config.seed,
+                                     config.static_batch_size)
         self.transport = transport
         self.config = config
         self.stats = stats

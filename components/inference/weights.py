@@ -82,3 +82,50 @@ class SharedWeights:
             for key, view in views.items():
                 own[key].copy_(view, non_blocking=True)
             return int(np.asarray(self._version[0]))
+
+
+class CudaSharedWeights:
+    """Weights on the policy's CUDA device, shared with a server process by CUDA IPC.
+
+    When the served policy lives on a GPU, copying every update through host
+    memory would cost two PCIe transfers; instead the driver owns one device
+    copy of the state dict whose IPC handles the server process opens once
+    (the tensors travel as ``Process`` arguments). Publishing is a
+    device-to-device copy plus a version bump, under the same kind of process
+    lock as :class:`SharedWeights`.
+    """
+
+    def __init__(self, template: Mapping[str, torch.Tensor], device: str, ctx: Any) -> None:
+        import torch.multiprocessing  # noqa: F401 - registers the CUDA-IPC pickling of tensors
+
+        self._tensors = {k: v.detach().to(device).clone() for k, v in template.items()}
+        self._arena = SharedArena([FieldSpec("version", (1,), "int64")])
+        self._lock = ctx.Lock()
+        self._version = self._arena.array("version")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_tensors": self._tensors, "_arena": self._arena, "_lock": self._lock}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._version = self._arena.array("version")
+
+    @property
+    def version(self) -> int:
+        return int(self._version[0])
+
+    def publish(self, weights: Mapping[str, torch.Tensor]) -> int:
+        with self._lock, torch.no_grad():
+            for key, tensor in self._tensors.items():
+                tensor.copy_(weights[key].detach(), non_blocking=True)
+            torch.cuda.current_stream(next(iter(self._tensors.values())).device).synchronize()
+            self._version[0] += 1
+            return int(self._version[0])
+
+    def copy_into(self, model: torch.nn.Module) -> int:
+        with self._lock, torch.no_grad():
+            own = model.state_dict()
+            for key, tensor in self._tensors.items():
+                own[key].copy_(tensor, non_blocking=True)
+            torch.cuda.current_stream(tensor.device).synchronize()
+            return int(self._version[0])

@@ -1,0 +1,155 @@
+"""Double DQN from a replay buffer, read top to bottom like CleanRL's ``dqn.py``.
+
+One :meth:`DQNTrainer.update` is one gradient step on a sampled batch:
+n-step targets from the target network (the online network picks the next
+action, the target network values it), a Huber loss weighted by the
+replay's importance weights, and the absolute TD errors returned as new
+priorities. The exploration rate lives in the network (a buffer), so it
+reaches the inference server together with the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass
+class DQNConfig:
+    """What one DQN run does: budget, stopping rule, hyper-parameters.
+
+    ``updates_per_batch`` gradient steps follow every collected batch of
+    ``frames_per_batch`` transitions, so the replay ratio is
+    ``updates_per_batch * batch_size / frames_per_batch`` samples per frame.
+    ``tau`` = 1 copies the online network into the target network every
+    ``target_update_period`` updates; ``tau`` < 1 blends it in (Polyak).
+    """
+
+    name: str = "dqn"
+    frames_per_batch: int = 256
+    total_frames: int = 100_000
+    target_return: float | None = None
+    target_window: int = 20
+    lr: float = 2.3e-3
+    gamma: float = 0.99
+    batch_size: int = 64
+    updates_per_batch: int = 128
+    learning_starts: int = 1000
+    target_update_period: int = 10
+    tau: float = 1.0
+    double: bool = True
+    n_step: int = 1
+    huber_delta: float = 1.0
+    max_grad_norm: float = 10.0
+    eps_start: float = 1.0
+    eps_end: float = 0.04
+    eps_fraction: float = 0.16
+    adam_eps: float = 1e-8
+
+
+class DQNTrainer:
+    """Owns the online and target Q-networks and the optimiser.
+
+    ``version`` counts weight pushes (the runner pushes once per collected
+    batch); it is what the inference server stamps and what the replay's
+    policy-age filter compares against.
+    """
+
+    def __init__(self, model: nn.Module, config: DQNConfig, *, device: str = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.target = copy.deepcopy(self.model).eval()
+        for p in self.target.parameters():
+            p.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
+        self.updates = 0
+        self.version = 0
+        self.frames = 0
+        self.set_exploration(0)
+
+    def epsilon_at(self, frames: int) -> float:
+        """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_fraction`` of the budget."""
+        cfg = self.config
+        span = max(1.0, cfg.eps_fraction * cfg.total_frames)
+        return cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(0.0, 1.0 - frames / span)
+
+    def set_exploration(self, frames: int) -> float:
+        """Write the exploration rate for ``frames`` into the network (pushed with the weights)."""
+        self.frames = frames
+        eps = self.epsilon_at(frames)
+        with torch.no_grad():
+            self.model.epsilon.fill_(eps)
+        return eps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "version": self.version, "frames": self.frames}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates, self.version, self.frames = int(state["updates"]), int(state["version"]), int(state["frames"])
+
+    def update(self, sample: Any) -> tuple[dict[str, float], torch.Tensor]:
+        """One gradient step; returns metrics and |TD error| per sample (new priorities)."""
+        cfg = self.config
+        dev = self.device
+        obs = sample["observation"].to(dev)
+        action = sample["action"].to(dev).long()
+        reward = sample["next", "reward"].to(dev).float()
+        next_obs = sample["next", "observation"].to(dev)
+        terminated = sample["next", "terminated"].to(dev).float()
+        steps = sample.get(("next", "n_steps"), None)
+        discount = cfg.gamma ** (steps.to(dev).float() if steps is not None else torch.ones_like(reward))
+        weight = sample.get("weight", None)
+        weight = weight.to(dev).float() if weight is not None else torch.ones_like(reward)
+
+        n = obs.shape[0]
+        if cfg.double:
+            # One online pass over obs and next_obs together: the next half
+            # only picks the bootstrap action, so it is detached.
+            both = self.model(torch.cat([obs, next_obs]))
+            q_all, best = both[:n], both[n:].detach().argmax(-1, keepdim=True)
+        else:
+            q_all, best = self.model(obs), None
+        with torch.no_grad():
+            next_target = self.target(next_obs)
+            if best is None:
+                best = next_target.argmax(-1, keepdim=True)
+            next_value = next_target.gather(-1, best).squeeze(-1)
+            target = reward + discount * (1.0 - terminated) * next_value
+        q = q_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        td = target - q
+        loss = (weight * F.huber_loss(q, target, reduction="none", delta=cfg.huber_delta)).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % cfg.target_update_period == 0:
+            self._update_target()
+        td_abs = td.detach().abs()
+        metrics = {
+            "loss": float(loss.detach()),
+            "q_mean": float(q.detach().mean()),
+            "td_abs_mean": float(td_abs.mean()),
+            "grad_norm": float(grad_norm),
+        }
+        return metrics, td_abs.cpu()
+
+    def _update_target(self) -> None:
+        tau = self.config.tau
+        with torch.no_grad():
+            for target, online in zip(self.target.parameters(), self.model.parameters()):
+                if tau >= 1.0:
+                    target.copy_(online)
+                else:
+                    target.lerp_(online, tau)

@@ -1,0 +1,199 @@
+"""The trainer loops: on-policy (PPO) and off-policy from replay (DQN).
+
+Both report through a :class:`Reporter`: progress bar, a metrics row every
+``logger.interval`` seconds (train/*, collector/*, server/*, replay/*,
+episode/*), and the stopping rule (mean return over the last episodes).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from components.collector.collector import AsyncBatchedCollector, CollectorError
+from components.episodes import EpisodeTracker
+from components.metrics import MetricsLogger
+
+
+def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for key, value in row.items():
+            values[key].append(value)
+    return {key: float(np.nanmean(v)) for key, v in values.items()}
+
+
+class _Progress:
+    """A tqdm bar on stderr when enabled, nothing otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="frame", unit_scale=True, dynamic_ncols=True,
+                            mininterval=0.5, smoothing=0.1, file=sys.stderr)
+        self._shown = 0
+
+    def update(self, frames: int, fps: float, mean_return: float) -> None:
+        if self.bar is not None:
+            self.bar.update(frames - self._shown)
+            self._shown = frames
+            self.bar.set_postfix_str(f"fps {fps:,.0f} | return {mean_return:.1f}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Reporter:
+    """Progress, periodic metric rows and the stopping rule of one run."""
+
+    def __init__(self, collector: AsyncBatchedCollector, logger: MetricsLogger, *, total_frames: int,
+                 window: int, target_return: float | None, progress: bool, replay: Any = None) -> None:
+        self.collector, self.logger, self.replay = collector, logger, replay
+        self.tracker = EpisodeTracker(window)
+        self.tracker_lock = threading.Lock()
+        self.target_return = target_return
+        self.progress = _Progress(total_frames, progress)
+        self.started = time.monotonic()
+        self.last_log, self.last_frames = self.started, 0
+        self.pending: list[dict[str, float]] = []
+
+    def episodes(self, batch: Any) -> None:
+        """Record the episodes that ended in ``batch`` (any thread)."""
+        with self.tracker_lock:
+            self.tracker.add_batch(batch)
+
+    @property
+    def solved(self) -> bool:
+        with self.tracker_lock:
+            return (self.target_return is not None and self.tracker.full
+                    and self.tracker.mean_return >= self.target_return)
+
+    def step(self, metrics: dict[str, float] | None) -> bool:
+        """Account for one trainer step; log when due; True once the target is reached."""
+        if metrics:
+            self.pending.append(metrics)
+        now = time.monotonic()
+        frames = self.collector.frames
+        self.progress.update(frames, frames / max(now - self.started, 1e-9), self.tracker.mean_return)
+        solved = self.solved
+        if now - self.last_log >= self.logger.interval or solved:
+            self.flush(now)
+        return solved
+
+    def flush(self, now: float | None = None, echo: bool = True) -> None:
+        now = now if now is not None else time.monotonic()
+        fps = (self.collector.frames - self.last_frames) / max(now - self.last_log, 1e-9)
+        self._row(now - self.started, fps, echo)
+        self.pending, self.last_log, self.last_frames = [], now, self.collector.frames
+
+    def _row(self, elapsed: float, fps: float, echo: bool) -> None:
+        c = self.collector
+        train = _mean_metrics(self.pending)
+        lag_keys = ("policy_lag_mean", "policy_lag_max", "dropped_stale_frames")
+        row: dict[str, Any] = {"time": elapsed}
+        row.update({f"train/{k}": v for k, v in train.items() if k not in lag_keys})
+        row["collector/frames"] = c.frames
+        row["collector/frames_per_s"] = fps
+        row["collector/policy_version"] = c.policy_version
+        row.update({f"collector/{k}": train[k] for k in lag_keys if k in train})
+        row.update({f"collector/{k}": v for k, v in c.worker_stats().items()})
+        row.update({f"server/{k}": v for k, v in c.server_stats(reset=True).items()})
+        if self.replay is not None:
+            row.update({f"replay/{k}": v for k, v in self.replay.stats().items()})
+            per_transition = getattr(self.replay.storage, "frame_bytes_per_transition", None)
+            if per_transition is not None:
+                row["replay/frame_bytes_per_transition"] = per_transition
+        with self.tracker_lock:
+            row["episode/return_mean"] = self.tracker.mean_return
+            row["episode/length_mean"] = self.tracker.mean_length
+            row["episode/count"] = self.tracker.total
+        self.logger.log(row, frames=c.frames)
+        if not echo:
+            return
+        if "policy_loss" in train:
+            loss = f"loss {train['policy_loss']:+.3f}/{train['value_loss']:.3f}"
+        elif "loss" in train:
+            loss = f"loss {train['loss']:.4f} q {train['q_mean']:.2f} eps {train.get('epsilon', 0):.2f}"
+        else:
+            loss = f"filling replay ({len(self.replay) if self.replay is not None else 0:,} transitions)"
+        line = (f"frames {c.frames:>9,} | fps {fps:>8,.0f} | return {row['episode/return_mean']:8.1f} | {loss} | "
+                f"server batch {row.get('server/avg_batch_size', 0):.1f} p95 {row.get('server/forward_p95_ms', 0):.2f} ms"
+                f" | workers {row.get('collector/bound', '?')}-bound")
+        if self.progress.bar is not None:
+            self.progress.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def run_on_policy(collector: AsyncBatchedCollector, trainer: Any, reporter: Reporter) -> str:
+    """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
+    collector.start()
+    for batch in collector:
+        reporter.episodes(batch)
+        metrics = trainer.update(batch)
+        collector.update_policy_weights_(trainer.model)
+        if reporter.step(metrics):
+            return "target_return"
+    return "total_frames"
+
+
+def run_off_policy(collector: AsyncBatchedCollector, trainer: Any, buffer: Any, reporter: Reporter,
+                   max_batches_ahead: int = 2) -> str:
+    """DQN: the collector's writer fills replay in the background; the trainer
+    does ``updates_per_batch`` updates per collected batch.
+
+    The writer may run at most ``max_batches_ahead`` batches ahead of
+    training, which keeps the replay ratio at its configured value instead of
+    drifting with whichever side is faster.
+    """
+    cfg = trainer.config
+    written = threading.Semaphore(0)
+    room = threading.Semaphore(max_batches_ahead)
+
+    def on_batch(batch: Any) -> None:  # the writer thread
+        reporter.episodes(batch)
+        while not room.acquire(timeout=0.1):
+            if collector.closed:
+                raise CollectorError("the collector was shut down")
+        written.release()
+
+    collector._on_batch = on_batch
+    collector.start()
+    prioritized = getattr(buffer, "sampler", "uniform") == "prioritized"
+    while True:
+        if not written.acquire(timeout=0.25):
+            collector.check_writer()
+            if not collector.writing:
+                collector.check_writer()
+                if not written.acquire(blocking=False):
+                    return "total_frames"
+            else:
+                continue
+        metrics: dict[str, float] | None = None
+        if len(buffer) >= cfg.learning_starts:
+            rows = []
+            for _ in range(cfg.updates_per_batch):
+                sample = buffer.sample(cfg.batch_size, policy_version=trainer.version)
+                row, td_abs = trainer.update(sample)
+                if prioritized:
+                    buffer.update_priorities(sample["index"], td_abs)
+                rows.append(row)
+            metrics = _mean_metrics(rows)
+        metrics = dict(metrics or {})
+        metrics["epsilon"] = trainer.set_exploration(collector.frames)
+        collector.update_policy_weights_(trainer.model)
+        trainer.version += 1
+        room.release()
+        if reporter.step(metrics):
+            return "target_return"
