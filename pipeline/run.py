@@ -141,8 +141,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         try:
             collector.shutdown()
             wall = time.monotonic() - reporter.started
-            if reporter.pending:
-                reporter.flush(echo=False)
+            if reporter.pending or reporter.last_frames != collector.frames:
+                reporter.flush(echo=False)  # the last row describes the final state
             checkpoint = None
             if cfg.checkpoint:
                 state = {

@@ -94,6 +94,12 @@ BAD = [
     (["trainer=dqn", "replay=uniform", "replay.storage=tape"], "replay.storage='tape': must be one of memory, disk"),
     (["trainer=dqn", "replay=uniform", "trainer.tau=0"], "trainer.tau=0.0: must be in (0, 1]"),
     (["device.env_device=cuda"], "device.env_device='cuda': CUDA is not available"),
+    (["server.static_batch_size=64"], "server.static_batch_size=64: CUDA graphs need device.policy_device=cuda"),
+    (["workers=process", "transport=slots", "device.policy_device=mps"],
+     "device.policy_device='mps': transport=slots needs a cpu or cuda policy"),
+    (["trainer=dqn", "replay=uniform", "replay.storage=disk", "device.storing_device=mps"],
+     "device.storing_device='mps': replay.storage=disk keeps transitions in memory-mapped host files"),
+    (["server.engine=jax"], "server.engine='jax': must be one of auto, torch, numpy"),
 ]
 
 
@@ -117,7 +123,8 @@ def _cli(args: list[str], tmp_path: Path) -> subprocess.Popen:
 
 
 def test_a_user_sees_one_line_exit_code_2_and_no_traceback(tmp_path):
-    cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["workers=thread", "transport=slots"]]
+    cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["workers=thread", "transport=slots"],
+             ["env=gym", "env.id=Pendulum-v1", "trainer=dqn", "replay=uniform"]]
     procs = [(_cli(args, tmp_path), args) for args in cases]  # run side by side
     for proc, args in procs:
         out, err = proc.communicate(timeout=120)

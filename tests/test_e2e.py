@@ -72,6 +72,44 @@ def test_a_sweep_gives_each_point_its_own_run_directory(tmp_path):
         assert _wandb_runs(run_dir)
 
 
+def test_dqn_fills_replay_in_the_background_and_logs_replay_stats(tmp_path):
+    run_dir = tmp_path / "dqn"
+    result = run_pipeline(
+        ["trainer=dqn", "replay=prioritized", "trainer.total_frames=3072", "trainer.learning_starts=512",
+         "trainer.target_return=null", "logger=jsonl", "logger.interval=0.5", "progress=false",
+         f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "replay    prioritized" in result.stdout
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == 3072
+    last = rows[-1]
+    # 3-step returns: each of the 8 envs still holds its last 2 steps in the n-step window
+    assert last["replay/size"] == 3072 - 8 * (3 - 1) and last["replay/sampled"] > 0
+    assert "train/loss" in last and "train/epsilon" in last
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert {"model", "target", "optimizer"} <= set(checkpoint) and checkpoint["version"] > 0
+
+
+def test_atari_dqn_keeps_its_disk_replay_in_the_run_directory(tmp_path):
+    pytest.importorskip("ale_py")
+    run_dir = tmp_path / "pong-dqn"
+    result = run_pipeline(
+        ["env=atari", "trainer=dqn", "replay=uniform", "replay.storage=disk", "replay.capacity=4096",
+         "trainer.total_frames=1536", "trainer.learning_starts=768", "trainer.updates_per_batch=2",
+         "env.num_envs=8", "logger=jsonl", "logger.interval=1", "progress=false", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "replay" / "frames.memmap").exists()
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == 1536
+    frame = 84 * 84
+    assert frame < rows[-1]["replay/frame_bytes_per_transition"] < 1.3 * frame, "about one frame per transition"
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert "replay" in checkpoint, "a disk replay's state is part of the checkpoint"
+
+
 def test_atari_runs_with_batched_inference(tmp_path):
     pytest.importorskip("ale_py")
     run_dir = tmp_path / "pong"

@@ -110,6 +110,13 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
     plan = [(c, main_envs) for c in contenders]
     sweep_contenders = [c for c in cfg.get("sweep_contenders", []) if c in contenders or c.startswith("ours:")]
     plan += [(c, n) for n in cfg.get("sweep_envs", []) if n != main_envs for c in sweep_contenders]
+    # TorchRL's slot transport needs one process per env, each importing torch:
+    # past a few dozen envs that is minutes of start-up and GBs of memory.
+    cap = int(cfg.get("torchrl_max_envs", 64))
+    too_many = sorted({n for c, n in plan if c.startswith("torchrl_") and n > cap})
+    if too_many:
+        notes.append(f"torchrl contenders skipped at {too_many} envs (torchrl_max_envs={cap}: one process per env)")
+        plan = [(c, n) for c, n in plan if not (c.startswith("torchrl_") and n > cap)]
     trials: list[dict[str, Any]] = []
     for repeat in range(int(cfg["repeats"])):
         order = plan if repeat % 2 == 0 else list(reversed(plan))
