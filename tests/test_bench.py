@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.bench.contenders import ours_graph
-from pipeline.bench.harness import format_report, run_bench
+from pipeline.bench.harness import format_report, run_bench, trial_plan
 from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
 
 WORKLOAD = {
@@ -28,6 +28,16 @@ def test_contender_names_map_to_graphs_with_the_pipelines_rules():
 
 
 @pytest.mark.timeout(300)
+def test_the_sweep_adds_env_counts_and_caps_torchrl_but_never_the_main_count():
+    cfg = {"num_envs": 128, "sweep_envs": [8, 64, 128, 256], "torchrl_max_envs": 64,
+           "sweep_contenders": ["gym_sync", "torchrl_auto"]}
+    plan, notes = trial_plan(cfg, ["ours:process/slots/process/auto", "gym_sync", "torchrl_auto"])
+    assert plan[:3] == [("ours:process/slots/process/auto", 128), ("gym_sync", 128), ("torchrl_auto", 128)]
+    assert plan[3:] == [("gym_sync", 8), ("torchrl_auto", 8), ("gym_sync", 64), ("torchrl_auto", 64),
+                        ("gym_sync", 256)]
+    assert notes == ["torchrl contenders skipped at [256] envs (torchrl_max_envs=64: one process per env)"]
+
+
 def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 2, "warmup": 0.2, "seconds": 0.5,
            "contenders": ["gym_sync", "ours:thread/driver/thread/auto", "ours:process/slots/thread/auto"],

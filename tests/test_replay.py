@@ -118,6 +118,47 @@ def test_sumtree_find_matches_a_cumulative_sum_search() -> None:
     assert (values[tree.find([0.0, values.sum()])] > 0).all()  # the ends never land on absent leaves
 
 
+@pytest.mark.parametrize("fanout", [2, 4, 16])
+@pytest.mark.parametrize("capacity", [1, 17, 5000])
+def test_a_wide_sumtree_agrees_with_a_cumulative_sum_at_every_depth(capacity: int, fanout: int) -> None:
+    rng = np.random.default_rng(capacity + fanout)
+    tree = SumTree(capacity, fanout=fanout)
+    values = np.zeros(capacity)
+    for _ in range(20):  # batched updates with duplicates and absent (0) leaves
+        idx = rng.integers(0, capacity, 64)
+        new = rng.random(64) * (rng.random(64) > 0.4)
+        tree.update(idx, new)
+        for i, v in zip(idx, new):
+            values[i] = v  # the last duplicate wins
+    if values.sum() == 0:
+        tree.update([0], [1.0])
+        values[0] = 1.0
+    assert tree.total == pytest.approx(values.sum())
+    assert tree.min == pytest.approx(values[values > 0].min())
+    prefix = np.concatenate([rng.random(2000) * values.sum(), [0.0, values.sum(), 2 * values.sum()]])
+    found = tree.find(prefix)
+    assert (values[found] > 0).all(), "never an absent leaf, not even at or past the end"
+    inside = prefix[:-2]
+    assert np.array_equal(found[:-2], np.searchsorted(np.cumsum(values), inside, side="right"))
+    assert found[-1] == found[-2] == np.flatnonzero(values)[-1], "at or past the end: the last leaf with mass"
+    rebuilt = SumTree(capacity, fanout=fanout)
+    rebuilt.set_all(values)
+    assert np.array_equal(rebuilt.find(inside), found[:-2])
+
+
+def test_sumtree_rejects_bad_values_and_shapes() -> None:
+    tree = SumTree(8)
+    for bad in ([-1.0], [np.nan], [np.inf]):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            tree.update([0], bad)
+    with pytest.raises(ValueError, match="2 indices but 3 values"):
+        tree.update([0, 1], [1.0, 2.0, 3.0])
+    with pytest.raises(IndexError):
+        tree.update([8], [1.0])
+    with pytest.raises(ValueError, match="power of two"):
+        SumTree(8, fanout=3)
+
+
 def test_sumtree_rebuild_equals_incremental_updates() -> None:
     values = np.random.default_rng(1).random(100)
     a, b = SumTree(100), SumTree(100)
@@ -168,6 +209,15 @@ def test_importance_weights_match_a_hand_computation() -> None:
     expected = w / w.max()
     assert np.allclose(batch["weight"].numpy(), expected[batch["index"].numpy()], rtol=1e-6)
     assert batch["weight"].max() <= 1.0
+
+
+def test_a_nan_td_error_is_refused_and_leaves_the_priorities_alone() -> None:
+    rb = ReplayBuffer(TensorStorage(10), sampler="prioritized", seed=0)
+    rb.extend(rows(0, 4))
+    before = rb._tree.values.copy()
+    with pytest.raises(ValueError, match="td errors must be finite"):
+        rb.update_priorities([0, 1], [1.0, float("nan")])
+    assert np.array_equal(rb._tree.values, before)
 
 
 def test_priority_updates_change_what_is_sampled() -> None:

@@ -142,7 +142,9 @@ class ReplayBuffer:
             if idx.size and (idx.min() < 0 or idx.max() >= len(self.storage)):
                 # A priority on an unfilled slot would make sample() return rows that were never written.
                 raise IndexError(f"indices must lie in [0, {len(self.storage)}), got {idx.min()}..{idx.max()}")
-            self._tree.update(idx, priority**self.alpha)
+            if priority.size and not priority.max() < np.inf:  # NaN or inf; >= eps > 0 by construction
+                raise ValueError("td errors must be finite")
+            self._tree.update(idx, priority**self.alpha, validate=False)
             if priority.size:
                 self._max_priority = max(self._max_priority, float(priority.max()))
 

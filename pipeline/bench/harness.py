@@ -96,6 +96,31 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def trial_plan(cfg: dict[str, Any], contenders: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """(contender, num_envs) pairs of one repeat, and notes on what was left out.
+
+    Every contender runs at the main env count; the sweep adds the
+    ``sweep_contenders`` at the other counts. TorchRL's slot transport needs
+    one process per env, each importing torch: past a few dozen envs that is
+    minutes of start-up and GBs of memory, so ``torchrl_max_envs`` thins the
+    sweep (never the main count).
+    """
+    main_envs = int(cfg["num_envs"])
+    plan = [(c, main_envs) for c in contenders]
+    sweep_contenders = [c for c in cfg.get("sweep_contenders", []) if c in contenders or c.startswith("ours:")]
+    plan += [(c, n) for n in cfg.get("sweep_envs", []) if n != main_envs for c in sweep_contenders]
+    cap = int(cfg.get("torchrl_max_envs", 64))
+
+    def capped(contender: str, n: int) -> bool:
+        return contender.startswith("torchrl_") and n > cap and n != main_envs
+
+    notes = []
+    too_many = sorted({n for c, n in plan if capped(c, n)})
+    if too_many:
+        notes.append(f"torchrl contenders skipped at {too_many} envs (torchrl_max_envs={cap}: one process per env)")
+    return [(c, n) for c, n in plan if not capped(c, n)], notes
+
+
 def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str, Any]:
     """Run the benchmark ``cfg`` describes; returns (and writes) the report."""
     workload = cfg["workload"]
@@ -107,16 +132,8 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
         if skipped:
             notes.append("torchrl is not installed (pip install 'rlpipeline[bench]'): skipped " + ", ".join(skipped))
     main_envs = int(cfg["num_envs"])
-    plan = [(c, main_envs) for c in contenders]
-    sweep_contenders = [c for c in cfg.get("sweep_contenders", []) if c in contenders or c.startswith("ours:")]
-    plan += [(c, n) for n in cfg.get("sweep_envs", []) if n != main_envs for c in sweep_contenders]
-    # TorchRL's slot transport needs one process per env, each importing torch:
-    # past a few dozen envs that is minutes of start-up and GBs of memory.
-    cap = int(cfg.get("torchrl_max_envs", 64))
-    too_many = sorted({n for c, n in plan if c.startswith("torchrl_") and n > cap})
-    if too_many:
-        notes.append(f"torchrl contenders skipped at {too_many} envs (torchrl_max_envs={cap}: one process per env)")
-        plan = [(c, n) for c, n in plan if not (c.startswith("torchrl_") and n > cap)]
+    plan, plan_notes = trial_plan(cfg, contenders)
+    notes += plan_notes
     trials: list[dict[str, Any]] = []
     for repeat in range(int(cfg["repeats"])):
         order = plan if repeat % 2 == 0 else list(reversed(plan))
