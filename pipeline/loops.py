@@ -105,7 +105,13 @@ class Reporter:
         row["collector/policy_version"] = c.policy_version
         row.update({f"collector/{k}": train[k] for k in lag_keys if k in train})
         row.update({f"collector/{k}": v for k, v in c.worker_stats().items()})
-        row.update({f"server/{k}": v for k, v in c.server_stats(reset=True).items()})
+        server = c.server_stats(reset=True)
+        if not server.get("batches"):
+            # Nothing served this interval (e.g. the workers had already run a batch
+            # ahead): rates, averages and percentiles are undefined, not zero.
+            server = {k: v for k, v in server.items()
+                      if k in ("requests", "batches", "rows", "policy_version", "weight_updates")}
+        row.update({f"server/{k}": v for k, v in server.items()})
         if self.replay is not None:
             row.update({f"replay/{k}": v for k, v in self.replay.stats().items()})
             per_transition = getattr(self.replay.storage, "frame_bytes_per_transition", None)
