@@ -85,8 +85,9 @@ def test_dqn_fills_replay_in_the_background_and_logs_replay_stats(tmp_path):
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 3072
     last = rows[-1]
-    # 3-step returns: each of the 8 envs still holds its last 2 steps in the n-step window
-    assert last["replay/size"] == 3072 - 8 * (3 - 1) and last["replay/sampled"] > 0
+    # 3-step returns: each of the 8 envs may still hold its last 2 steps in the n-step
+    # window (fewer when its episode ended there: a terminal flushes the window)
+    assert 3072 - 8 * (3 - 1) <= last["replay/size"] <= 3072 and last["replay/sampled"] > 0
     assert "train/loss" in last and "train/epsilon" in last
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert {"model", "target", "optimizer"} <= set(checkpoint) and checkpoint["version"] > 0
