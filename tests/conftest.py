@@ -9,10 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -92,3 +94,34 @@ def group_alive(pgid: int) -> list[int]:
         if pgrp == pgid and state != "Z":
             alive.append(int(entry.name))
     return alive
+
+
+def sample_while_writing(buffer: Any, parts: list[Any], batch_size: int, check: Callable[[Any], None]) -> int:
+    """Extend ``buffer`` with ``parts`` from a writer thread while the caller samples,
+    checks every sample and updates priorities; returns the number of samples.
+
+    Fails if the writer raised or hung (joined with a timeout, even when a check fails).
+    """
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for part in parts:
+                buffer.extend(part)
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    writer = threading.Thread(target=write, name="replay-writer-test", daemon=True)
+    writer.start()
+    sampled = 0
+    try:
+        while writer.is_alive() or sampled == 0:
+            batch = buffer.sample(batch_size)
+            check(batch)
+            buffer.update_priorities(batch["index"], torch.rand(batch_size))
+            sampled += 1
+    finally:
+        writer.join(timeout=30)
+    assert not writer.is_alive(), "the writer thread hung"
+    assert not errors, errors
+    return sampled

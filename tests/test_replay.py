@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from tensordict import TensorDict
 from components.replay.buffer import ReplayBuffer
 from components.replay.storage import TensorStorage
 from components.replay.sumtree import SumTree
+from tests.conftest import sample_while_writing
 
 
 def rows(start: int, n: int, version: int = 0) -> TensorDict:
@@ -307,26 +307,5 @@ def test_buffer_reopened_from_a_checkpoint_samples_identically(tmp_path, sampler
 def test_extend_from_a_writer_thread_while_sampling_is_safe() -> None:
     rb = ReplayBuffer(TensorStorage(300), sampler="prioritized", seed=0)
     rb.extend(rows(0, 16))
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            for i in range(1, 150):
-                rb.extend(rows(16 * i, 16))
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
-
-    writer = threading.Thread(target=write, name="replay-writer-test", daemon=True)
-    writer.start()
-    try:
-        sampled = 0
-        while writer.is_alive() or sampled == 0:
-            batch = rb.sample(64)
-            assert_consistent(batch)
-            rb.update_priorities(batch["index"], torch.rand(64))
-            sampled += 1
-    finally:
-        writer.join(timeout=30)
-    assert not writer.is_alive(), "the writer thread hung"
-    assert not errors, errors
+    sampled = sample_while_writing(rb, [rows(16 * i, 16) for i in range(1, 150)], 64, assert_consistent)
     assert len(rb) == 300 and rb.stats()["sampled"] == 64 * sampled

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from components.replay import frames as frames_module
 from components.replay.buffer import ReplayBuffer
 from components.replay.frames import FrameStackStorage, default_frame_capacity
 from components.replay.nstep import NStepReturns
+from tests.conftest import sample_while_writing
 
 
 class DistinctFrames(gym.Env):
@@ -221,25 +220,4 @@ def test_sampling_while_a_writer_thread_extends_frame_stacks_returns_exact_stack
     buffer = ReplayBuffer(FrameStackStorage(120), sampler="prioritized", seed=0)
     parts = list(batches(stream, 12))
     buffer.extend(parts[0])
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            for part in parts[1:]:
-                buffer.extend(part)
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
-
-    writer = threading.Thread(target=write, name="replay-writer-frames-test", daemon=True)
-    writer.start()
-    try:
-        rounds = 0
-        while writer.is_alive() or rounds == 0:
-            got = buffer.sample(32)
-            assert_rebuilt_exactly(got, stream)
-            buffer.update_priorities(got["index"], torch.rand(32))
-            rounds += 1
-    finally:
-        writer.join(timeout=30)
-    assert not writer.is_alive(), "the writer thread hung"
-    assert not errors, errors
+    sample_while_writing(buffer, parts[1:], 32, lambda got: assert_rebuilt_exactly(got, stream))

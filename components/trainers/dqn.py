@@ -18,9 +18,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.trainers.budget import RunBudget
+
 
 @dataclass
-class DQNConfig:
+class DQNConfig(RunBudget):
     """What one DQN run does: budget, stopping rule, hyper-parameters.
 
     ``updates_per_batch`` gradient steps follow every collected batch of
@@ -31,10 +33,6 @@ class DQNConfig:
     """
 
     name: str = "dqn"
-    frames_per_batch: int = 256
-    total_frames: int = 100_000
-    target_return: float | None = None
-    target_window: int = 20
     lr: float = 2.3e-3
     gamma: float = 0.99
     batch_size: int = 64

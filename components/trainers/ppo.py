@@ -23,21 +23,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.trainers.budget import RunBudget
+
 
 @dataclass
-class PPOConfig:
-    """What one PPO run does: its budget, its stopping rule, its hyper-parameters.
-
-    Hyper-parameters keep the CleanRL names and meanings. ``target_return``
-    stops the run once the mean return of the last ``target_window``
-    episodes reaches it (``None``: run to ``total_frames``).
-    """
+class PPOConfig(RunBudget):
+    """What one PPO run does: its budget (:class:`RunBudget`) and hyper-parameters,
+    which keep the CleanRL names and meanings."""
 
     name: str = "ppo"
-    frames_per_batch: int = 256
-    total_frames: int = 100_000
-    target_return: float | None = None
-    target_window: int = 20
     lr: float = 2.5e-4
     anneal_lr: bool = True
     gamma: float = 0.99

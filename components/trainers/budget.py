@@ -1,0 +1,20 @@
+"""The part of a trainer's config that the runner, not the algorithm, reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RunBudget:
+    """How much to collect and when to stop, shared by every trainer.
+
+    ``target_return`` stops the run once the mean return of the last
+    ``target_window`` episodes reaches it (``None``: run to ``total_frames``).
+    """
+
+    name: str = ""
+    frames_per_batch: int = 256
+    total_frames: int = 100_000
+    target_return: float | None = None
+    target_window: int = 20
