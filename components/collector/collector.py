@@ -133,6 +133,13 @@ class AsyncBatchedCollector:
     stops at exactly ``total_frames`` (``-1``: never); a last batch is
     shorter when it does not divide.
 
+    With a ``replay_buffer`` the collector is not iterated: :meth:`start`
+    runs a writer thread that turns every batch into ``postproc(batch)``
+    (e.g. n-step returns), extends the buffer with it, then calls
+    ``on_batch(batch)`` with the raw batch (episode accounting and the
+    trainer's backpressure: it may block). ``storing_device`` is where
+    batches are placed before that.
+
     Example::
 
         collector = AsyncBatchedCollector(
@@ -339,13 +346,12 @@ class AsyncBatchedCollector:
             while self.total_frames < 0 or self._frames < self.total_frames:
                 left = self.frames_per_batch if self.total_frames < 0 else self.total_frames - self._frames
                 batch = self.next_batch(min(self.frames_per_batch, left))
-                if self._on_batch is not None:
-                    self._on_batch(batch)  # may wait: the trainer's backpressure
                 with self._writer_lock:  # pause() holds it: no write while paused
-                    if self._postproc is not None:
-                        batch = self._postproc(batch)
-                    if batch.numel():
-                        self.replay_buffer.extend(batch)
+                    stored = batch if self._postproc is None else self._postproc(batch)
+                    if stored.numel():
+                        self.replay_buffer.extend(stored)
+                if self._on_batch is not None:
+                    self._on_batch(batch)  # the batch is in replay now; may wait: the trainer's backpressure
         except BaseException as exc:  # noqa: BLE001 - surfaced by check_writer()
             if not self._closed:
                 self._writer_error = exc
