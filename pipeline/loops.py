@@ -7,6 +7,7 @@ episode/*), and the stopping rule (mean return over the last episodes).
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ import numpy as np
 from components.collector.collector import AsyncBatchedCollector, CollectorError
 from components.episodes import EpisodeTracker
 from components.metrics import MetricsLogger
+from components.trainers.base import Trainer
 
 
 def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -105,12 +107,9 @@ class Reporter:
         row["collector/policy_version"] = c.policy_version
         row.update({f"collector/{k}": train[k] for k in lag_keys if k in train})
         row.update({f"collector/{k}": v for k, v in c.worker_stats().items()})
-        server = c.server_stats(reset=True)
-        if not server.get("batches"):
-            # Nothing served this interval (e.g. the workers had already run a batch
-            # ahead): rates, averages and percentiles are undefined, not zero.
-            server = {k: v for k, v in server.items()
-                      if k in ("requests", "batches", "rows", "policy_version", "weight_updates")}
+        # Exact over this interval; undefined values (no batch served: the workers
+        # had already run a batch ahead) are left out, not logged as zero.
+        server = {k: v for k, v in c.server_stats(reset=True).items() if not (isinstance(v, float) and math.isnan(v))}
         row.update({f"server/{k}": v for k, v in server.items()})
         if self.replay is not None:
             row.update({f"replay/{k}": v for k, v in self.replay.stats().items()})
@@ -142,28 +141,27 @@ class Reporter:
         self.progress.close()
 
 
-def run_on_policy(collector: AsyncBatchedCollector, trainer: Any, reporter: Reporter) -> str:
+def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: Reporter) -> str:
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
     collector.start()
     for batch in collector:
         reporter.episodes(batch)
-        metrics = trainer.update(batch)
-        collector.update_policy_weights_(trainer.model)
+        metrics = trainer.update(batch, frames=collector.frames)
+        collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
         if reporter.step(metrics):
             return "target_return"
     return "total_frames"
 
 
-def run_off_policy(collector: AsyncBatchedCollector, trainer: Any, buffer: Any, reporter: Reporter,
+def run_off_policy(collector: AsyncBatchedCollector, trainer: Trainer, buffer: Any, reporter: Reporter,
                    max_batches_ahead: int = 2) -> str:
     """DQN: the collector's writer fills replay in the background; the trainer
-    does ``updates_per_batch`` updates per collected batch.
+    learns from the buffer once per collected batch (``trainer.update``).
 
     The writer may run at most ``max_batches_ahead`` batches ahead of
     training, which keeps the replay ratio at its configured value instead of
     drifting with whichever side is faster.
     """
-    cfg = trainer.config
     written = threading.Semaphore(0)
     room = threading.Semaphore(max_batches_ahead)
 
@@ -174,9 +172,8 @@ def run_off_policy(collector: AsyncBatchedCollector, trainer: Any, buffer: Any, 
                 raise CollectorError("the collector was shut down")
         written.release()
 
-    collector._on_batch = on_batch
+    collector.set_on_batch(on_batch)
     collector.start()
-    prioritized = getattr(buffer, "sampler", "uniform") == "prioritized"
     while True:
         if not written.acquire(timeout=0.25):
             collector.check_writer()
@@ -186,20 +183,8 @@ def run_off_policy(collector: AsyncBatchedCollector, trainer: Any, buffer: Any, 
                     return "total_frames"
             else:
                 continue
-        metrics: dict[str, float] | None = None
-        if len(buffer) >= cfg.learning_starts:
-            rows = []
-            for _ in range(cfg.updates_per_batch):
-                sample = buffer.sample(cfg.batch_size, policy_version=trainer.version)
-                row, td_abs = trainer.update(sample)
-                if prioritized:
-                    buffer.update_priorities(sample["index"], td_abs)
-                rows.append(row)
-            metrics = _mean_metrics(rows)
-        metrics = dict(metrics or {})
-        metrics["epsilon"] = trainer.set_exploration(collector.frames)
-        collector.update_policy_weights_(trainer.model)
-        trainer.version += 1
+        metrics = trainer.update(buffer, frames=collector.frames)
+        collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
         room.release()
         if reporter.step(metrics):
             return "target_return"

@@ -11,11 +11,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import DictConfig
 
-from components.collector.collector import GraphSpec
-from components.inference.server import ServerConfig
+from components.collector.graph import GraphSpec
+from components.inference.loop import ServerConfig
+from pipeline.validate import ConfigError
+
+#: Models the numpy serving engine has a copy of (with an MLP encoder).
+NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
 
 #: Fewest transitions per message that chunking=auto gives process workers:
 #: below that the driver's per-message work competes with training.
@@ -47,6 +52,7 @@ class Plan:
     server: ServerConfig
     trainer_device: str
     storing_device: str = "cpu"
+    frame_dedup: bool | None = None
     reasons: tuple[tuple[str, str], ...] = field(default=())
 
     def reason(self, key: str) -> str:
@@ -91,8 +97,44 @@ def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpu
                         "one CPU left for inference")
 
 
-def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
-    """Turn ``cfg`` (already validated) into a :class:`Plan` for ``machine``."""
+def _serving_engine(cfg: DictConfig, policy_device: str) -> tuple[str, str]:
+    """``server.engine`` resolved, and why (the numpy engine covers the built-in MLP networks on the CPU)."""
+    engine = str(cfg.server.engine)
+    if engine != "auto":
+        return engine, engine
+    builtin = str(cfg.model._target_) in NUMPY_MODELS
+    if policy_device == "cpu" and builtin and str(cfg.model.encoder) == "mlp":
+        return "numpy", ("auto -> numpy: a small MLP on the CPU (numpy serves a 64-row CartPole batch "
+                         "in ~54 us, torch in ~149 us)")
+    why = (f"the policy runs on {policy_device}" if policy_device != "cpu" else
+           f"encoder {cfg.model.encoder}" if builtin else f"{cfg.model._target_} has no numpy copy")
+    return "torch", f"auto -> torch: {why}"
+
+
+def _frame_dedup(cfg: DictConfig, env_spec: Any) -> tuple[bool | None, str]:
+    """``replay.frame_dedup`` resolved against the env's observations (None: not known yet)."""
+    value = str(cfg.replay.frame_dedup).lower()
+    if env_spec is None:
+        return (None, "auto (decided from the env's observations)") if value == "auto" else (value == "true", value)
+    stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
+    shape = "x".join(str(d) for d in env_spec.obs_shape)
+    if value != "auto":
+        if value == "true" and not stacks:
+            raise ConfigError(f"replay.frame_dedup={cfg.replay.frame_dedup}: observations {shape} "
+                              f"{env_spec.obs_dtype} are not uint8 frame stacks (use auto or false)")
+        return value == "true", value
+    if stacks:
+        return True, f"auto -> on: {shape} uint8 frame stacks, each frame stored once"
+    return False, f"auto -> off: {shape} {env_spec.obs_dtype} observations are not uint8 frame stacks"
+
+
+def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Plan:
+    """Turn ``cfg`` (already validated) into a :class:`Plan` for ``machine``.
+
+    ``env_spec`` (the probed env's spec, optional) lets ``auto`` choices that
+    depend on the observations (frame dedup) be made here, in the printed plan.
+    Raises :class:`ConfigError` for a graph that could never make progress.
+    """
     workers = str(cfg.workers.backend)
     transport = str(cfg.transport.kind)
     server = str(cfg.server.backend)
@@ -104,19 +146,26 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
     trainer_device, trainer_note = _device(str(cfg.device.trainer_device), machine)
     storing_device, _ = _device(str(cfg.device.storing_device), machine)
 
+    shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     if transport == "auto":
-        if workers != "process":
-            transport, why = "driver", "auto -> driver: env workers are threads of the driver"
-        elif not (policy_device == "cpu" or policy_device.startswith("cuda")):
-            transport, why = "driver", f"auto -> driver: policy_device={policy_device} cannot share weights with another process"
-        else:
-            transport, why = "slots", "auto -> slots: env worker processes reach the inference process through shared slots"
-            if server != "process":
-                why += "; server=thread -> process (transport=slots server=thread keeps it in the driver)"
+        transport, why = "slots", "auto -> slots: every worker reaches the server's shared-memory slots directly"
+        if workers == "process" and server != "process":
+            if shareable:
+                why += "; server=thread -> process (env workers are processes; transport=slots server=thread " \
+                       "keeps it in the driver)"
                 server = "process"
+            else:
+                why += f"; server stays a driver thread: policy_device={policy_device} cannot be shared with a process"
         reasons.append(("transport", why))
+    elif transport == "driver" and workers == "thread":
+        transport = "slots"
+        reasons.append(("transport", "driver -> slots: thread workers are already in the driver and use the "
+                                     "server's slots directly"))
+    elif transport == "driver":
+        reasons.append(("transport", "driver: a driver relay thread batches the worker processes' ready blocks "
+                                     "into one request to the server"))
     else:
-        reasons.append(("transport", transport))
+        reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
 
     per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus)
     reasons.insert(0, ("workers", f"{why}; {cfg.workers.splits} block(s) per worker"))
@@ -126,10 +175,11 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
     if cfg.server.max_batch_size < min(per_worker, num_envs):
         passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
         split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
+    engine, engine_why = _serving_engine(cfg, policy_device)
     reasons.append((
         "server",
         f"{server}: policy on {device_text} in {where}, batches of "
-        f"{cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}",
+        f"{cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}; engine {engine_why}",
     ))
 
     mode = str(cfg.chunking.mode)
@@ -149,10 +199,12 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
     reasons.append(("chunking", why))
     reasons.append(("device", f"policy {policy_device}, trainer {trainer_device}, batches stored on {storing_device}"
                     + (f" ({trainer_note})" if trainer_note != trainer_device else "")))
+    dedup: bool | None = None
     if cfg.replay.kind != "none":
         where = "memory" if cfg.replay.storage == "memory" else "memory-mapped files in the run directory"
+        dedup, dedup_why = _frame_dedup(cfg, env_spec)
         reasons.append(("replay", f"{cfg.replay.kind}, {cfg.replay.capacity} transitions in {where}, "
-                        f"frame dedup {cfg.replay.frame_dedup}, written by a background writer thread"))
+                        f"frame dedup {dedup_why}, written by a background writer thread"))
     target = cfg.trainer.target_return
     reasons.append((
         "trainer",
@@ -172,17 +224,27 @@ def resolve_plan(cfg: DictConfig, machine: Machine) -> Plan:
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
     )
+    problem = graph.chunk_budget_problem(frames_per_batch)
+    if problem is not None:
+        raise ConfigError(f"chunking.chunks_per_worker={cfg.chunking.chunks_per_worker}: {problem}")
+    c = cfg.collector
+    extras = [f"stall timeout {c.stall_timeout:g} s" if c.stall_timeout is not None else "no stall timeout"]
+    extras += [text for flag, text in ((c.yield_completed_trajectories, "yields completed trajectories"),
+                                       (c.reset_at_each_iter, "resets every env after each batch"),
+                                       (c.post_collect_hook, f"hook {c.post_collect_hook}"),
+                                       (c.driver_affinity, f"driver threads on CPUs {list(c.driver_affinity or [])}"),
+                                       (c.policy_version, f"initial policy version {c.policy_version}")) if flag]
+    reasons.append(("collector", ", ".join(extras)))
     server_cfg = ServerConfig(
         max_batch_size=int(cfg.server.max_batch_size),
         min_batch_size=int(cfg.server.min_batch_size),
         timeout=float(cfg.server.timeout),
-        stats_window=int(cfg.server.stats_window),
+        stats_reservoir=int(cfg.server.stats_reservoir),
         device=policy_device,
-        output_device="cpu",
         num_threads=int(cfg.server.num_threads),
         seed=int(cfg.seed),
-        engine=str(cfg.server.engine),
+        engine=engine,
         static_batch_size=cfg.server.static_batch_size if policy_device.startswith("cuda") else None,
     )
     return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, storing_device=storing_device,
-                reasons=tuple(reasons))
+                frame_dedup=dedup, reasons=tuple(reasons))

@@ -25,8 +25,7 @@ from components.collector.collector import AsyncBatchedCollector, CollectorError
 from components.envs import EnvConfigError, probe_env_spec
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
-from components.trainers.dqn import DQNTrainer
-from components.trainers.ppo import PPOTrainer
+from components.trainers.base import Trainer
 from pipeline.loops import Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.validate import ConfigError, validate
@@ -42,13 +41,21 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def build_parts(cfg: DictConfig, plan: Plan) -> tuple[Any, Any, ModelSpec, Any]:
-    """Instantiate the leaf objects: env factory, env spec, model spec, trainer."""
+def build_env(cfg: DictConfig) -> tuple[Any, Any]:
+    """The env factory and the spec of one env it makes (an unknown id is a config error)."""
     env_factory = instantiate(cfg.env.factory, _convert_="all")
     try:
-        env_spec = probe_env_spec(env_factory)
+        return env_factory, probe_env_spec(env_factory)
     except EnvConfigError as err:
         raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
+
+
+def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec, Trainer]:
+    """The model spec (what the server rebuilds) and the trainer owning the learner's copy.
+
+    The trainer comes from the trainer node's ``_target_`` (its other keys are
+    the hyper-parameters), so a new algorithm is a new config, not a branch here.
+    """
     model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model_kwargs, dict)
     target = str(model_kwargs.pop("_target_"))
@@ -60,12 +67,29 @@ def build_parts(cfg: DictConfig, plan: Plan) -> tuple[Any, Any, ModelSpec, Any]:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError) as err:
         raise ConfigError(f"model.encoder={cfg.model.encoder!r}: {err}") from None
-    algo = instantiate(cfg.trainer, _convert_="all")
-    trainer_class = DQNTrainer if algo.name == "dqn" else PPOTrainer
-    return env_factory, env_spec, model_spec, trainer_class(model, algo, device=plan.trainer_device)
+    trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
+                          policy_version=int(cfg.collector.policy_version), _convert_="all")
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"trainer._target_={cfg.trainer._target_!r}: not a Trainer "
+                          "(needs on_policy, policy_version, update, state_dict)")
+    return model_spec, trainer
 
 
-def build_replay(cfg: DictConfig, run_dir: Path, env_spec: Any, algo: Any, device: str = "cpu") -> tuple[Any, Any]:
+def post_collect_hook(cfg: DictConfig) -> Any:
+    """The callable ``collector.post_collect_hook`` names (None when unset)."""
+    path = cfg.collector.post_collect_hook
+    if path is None:
+        return None
+    from hydra.utils import get_method
+
+    try:
+        return get_method(str(path))
+    except Exception as err:  # noqa: BLE001 - any import problem is the user's path
+        raise ConfigError(f"collector.post_collect_hook={path!r}: not an importable callable "
+                          f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+
+
+def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple[Any, Any]:
     """The replay buffer and the n-step transform the writer applies (or None, None)."""
     r = cfg.replay
     if r.kind == "none":
@@ -76,15 +100,10 @@ def build_replay(cfg: DictConfig, run_dir: Path, env_spec: Any, algo: Any, devic
     from components.replay.storage import TensorStorage
 
     path = run_dir / "replay" if r.storage == "disk" else None
-    stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
-    dedup = {"auto": stacks, "true": True, "false": False}[str(r.frame_dedup).lower()]
-    if dedup and not stacks:
-        raise ConfigError(f"replay.frame_dedup={r.frame_dedup}: observations {env_spec.obs_shape} "
-                          f"{env_spec.obs_dtype} are not uint8 frame stacks")
-    if dedup:
+    if plan.frame_dedup:
         storage: Any = FrameStackStorage(int(r.capacity), path=path)
     else:
-        storage = TensorStorage(int(r.capacity), device=device if path is None else "cpu", path=path)
+        storage = TensorStorage(int(r.capacity), device=plan.storing_device if path is None else "cpu", path=path)
     updates = max(1, algo.total_frames // algo.frames_per_batch * algo.updates_per_batch)
     buffer = ReplayBuffer(storage, sampler=str(r.kind), alpha=float(r.alpha), beta=float(r.beta),
                           beta_steps=updates, eps=float(r.eps), max_policy_lag=r.max_policy_lag, seed=int(cfg.seed))
@@ -95,7 +114,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     """Run one training job in ``run_dir``; returns the process exit code."""
     machine = Machine.detect()
     validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
-    plan = resolve_plan(cfg, machine)
+    hook = post_collect_hook(cfg)
+    env_factory, env_spec = build_env(cfg)
+    plan = resolve_plan(cfg, machine, env_spec)
     print(plan, flush=True)
     for name in ("checkpoint.pt", "metrics.jsonl"):
         if (run_dir / name).exists():
@@ -104,16 +125,22 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
 
-    env_factory, env_spec, model_spec, trainer = build_parts(cfg, plan)
+    model_spec, trainer = build_learner(cfg, env_spec, plan)
     algo = trainer.config
-    buffer, nstep = build_replay(cfg, run_dir, env_spec, algo, plan.storing_device)
+    buffer, nstep = build_replay(cfg, run_dir, plan, algo)
+    c = cfg.collector
     collector = AsyncBatchedCollector(
         env_factory, model_spec, plan.graph,
         frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames,
         seed=int(cfg.seed), server_config=plan.server, env_spec=env_spec,
         replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
+        policy_version=trainer.policy_version, stall_timeout=c.stall_timeout,
+        yield_completed_trajectories=bool(c.yield_completed_trajectories),
+        reset_at_each_iter=bool(c.reset_at_each_iter), post_collect_hook=hook,
+        driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
     )
-    collector.update_policy_weights_(trainer.model)  # served from the first request
+    # version 0: the initial weights, served from the first request
+    collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     logger = instantiate(cfg.logger, run_dir=run_dir, name=run_dir.name, run_config=resolved,
@@ -125,7 +152,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     stop_reason, code = "total_frames", EXIT_OK
     try:
-        if buffer is None:
+        if trainer.on_policy:
             stop_reason = run_on_policy(collector, trainer, reporter)
         else:
             stop_reason = run_off_policy(collector, trainer, buffer, reporter)

@@ -61,7 +61,7 @@ class WorkersSchema:
 
 @dataclass
 class TransportSchema:
-    #: auto, driver (through the driver process) or slots (shared memory, process workers)
+    #: auto, slots (workers reach the server's shared slots) or driver (a driver relay thread batches process workers)
     kind: str = "auto"
 
 
@@ -75,8 +75,8 @@ class ServerSchema:
     min_batch_size: int = 1
     #: seconds to keep draining while below min_batch_size
     timeout: float = 0.002
-    #: batches the statistics window covers
-    stats_window: int = 256
+    #: samples kept per logging interval for latency/forward percentiles (counters are exact)
+    stats_reservoir: int = 2048
     #: torch threads of a server process
     num_threads: int = 1
     #: how the policy is evaluated: auto (numpy for small MLPs on the CPU), torch, numpy
@@ -87,16 +87,34 @@ class ServerSchema:
 
 @dataclass
 class DeviceSchema:
+    """Placement of the policy, the trainer and stored data.
+
+    Env workers, shared buffers and server responses always live in host
+    memory, so there is no key for them.
+    """
+
     #: where the served policy runs: cpu, cuda, cuda:N or auto
     policy_device: str = "cpu"
-    #: where the trainer's model and losses live
+    #: where the trainer's model and losses live: cpu, cuda, cuda:N or auto
     trainer_device: str = "cpu"
-    #: where server responses land (env workers read them on the host)
-    output_device: str = "cpu"
-    #: where envs consume actions
-    env_device: str = "cpu"
-    #: where collected batches are stored
+    #: where collected batches and in-memory replay are stored (replay.storage=disk: cpu)
     storing_device: str = "cpu"
+
+
+@dataclass
+class CollectorSchema:
+    #: seconds without a completed chunk while the trainer waits before the run stops (null: never)
+    stall_timeout: float | None = 60.0
+    #: yield whole finished trajectories, at least frames_per_batch transitions per yield
+    yield_completed_trajectories: bool = False
+    #: end (truncate) every env's episode at its next step after each batch
+    reset_at_each_iter: bool = False
+    #: dotted path of a callable run on every batch before replay or the trainer (null: none)
+    post_collect_hook: str | None = None
+    #: CPUs for the driver-side threads: server and relay threads, thread workers, replay writer (null: any)
+    driver_affinity: list[int] | None = None
+    #: version label of the initial weights (the trainer counts on from it)
+    policy_version: int = 0
 
 
 @dataclass
@@ -117,7 +135,7 @@ class ReplaySchema:
     storage: str = "memory"
     #: transitions kept (circular overwrite)
     capacity: int = 100_000
-    #: store each frame of uint8 frame stacks once: auto (when observations are stacks), true, false
+    #: store each frame of uint8 frame stacks once: auto (when observations are stacks), true, false (any case)
     frame_dedup: str = "auto"
     #: prioritized: priority exponent
     alpha: float = 0.6
@@ -131,12 +149,12 @@ class ReplaySchema:
 
 @dataclass
 class PPOSchema(PPOConfig):
-    _target_: str = "components.trainers.ppo.PPOConfig"
+    _target_: str = "components.trainers.ppo.PPOTrainer"
 
 
 @dataclass
 class DQNSchema(DQNConfig):
-    _target_: str = "components.trainers.dqn.DQNConfig"
+    _target_: str = "components.trainers.dqn.DQNTrainer"
 
 
 @dataclass
@@ -163,6 +181,7 @@ class Config:
     server: ServerSchema = MISSING
     device: DeviceSchema = MISSING
     chunking: ChunkingSchema = MISSING
+    collector: CollectorSchema = MISSING
     replay: Any = MISSING
     trainer: Any = MISSING
     logger: LoggerSchema = MISSING
@@ -188,6 +207,7 @@ def register() -> None:
         ("server", "base_server", ServerSchema),
         ("device", "base_device", DeviceSchema),
         ("chunking", "base_chunking", ChunkingSchema),
+        ("collector", "base_collector", CollectorSchema),
         ("replay", "base_replay", ReplaySchema),
         ("trainer", "base_ppo", PPOSchema),
         ("trainer", "base_dqn", DQNSchema),

@@ -3,8 +3,9 @@
 Types and key names are already enforced by the schemas at compose time;
 here live ranges, allowed words, cross-group rules and facts about the
 machine (is there CUDA, do those CPUs exist, is that env id registered).
-Each failure is one :class:`ConfigError` line naming the key, the value and
-what is allowed; the runner prints it and exits with code 2.
+Each failure is one :class:`ConfigError` line, ``key=value: what is
+allowed``; the runner prints it and exits with code 2. A key missing from
+the config is such a line too, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from components.envs import EnvConfigError, check_env_id
 from components.metrics import KINDS as LOGGER_KINDS
@@ -24,16 +26,36 @@ class ConfigError(ValueError):
     """A config value the run cannot start with (printed as one line, exit code 2)."""
 
 
-def _get(cfg: DictConfig, key: str) -> Any:
+def _one_line(message: str) -> str:
+    return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def _first_line(message: str) -> str:
+    return next((line.strip() for line in str(message).splitlines() if line.strip()), "")
+
+
+def _get(cfg: DictConfig, key: str, allowed: str = "set by its config group") -> Any:
+    """``cfg[key]`` for a dotted key; a missing, unset or unresolvable key is a :class:`ConfigError`."""
     node: Any = cfg
     for part in key.split("."):
-        node = node[part]
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            raise ConfigError(f"{key}=<missing>: must be {allowed} (the key is not in the composed config)")
+        if OmegaConf.is_missing(node, part):
+            raise ConfigError(f"{key}=???: must be {allowed} (no value was given)")
+        try:
+            node = node[part]
+        except OmegaConfBaseException as err:  # a broken interpolation
+            raise ConfigError(f"{key}=<unresolved>: must be {allowed} ({_first_line(str(err))})") from None
     return node
 
 
 def _check(cfg: DictConfig, key: str, ok: Callable[[Any], bool], allowed: str) -> None:
-    value = _get(cfg, key)
-    if not ok(value):
+    value = _get(cfg, key, allowed)
+    try:
+        good = bool(ok(value))
+    except (TypeError, ValueError, AttributeError):  # e.g. None where a number belongs
+        good = False
+    if not good:
         raise ConfigError(f"{key}={value!r}: must be {allowed}")
 
 
@@ -42,10 +64,15 @@ def _one_of(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
 
 
 _DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?|mps)$")
+_DEVICE_KEYS = ("policy_device", "trainer_device", "storing_device")
+_FRAME_DEDUP = ("auto", "true", "false")
+
+#: a key only one algorithm's trainer node has -> that algorithm
+_ALGORITHM_KEYS = (("updates_per_batch", "dqn"), ("clip_coef", "ppo"))
 
 
 def _check_device(cfg: DictConfig, key: str, cuda_available: bool, cuda_count: int) -> None:
-    value = str(_get(cfg, key))
+    value = str(_get(cfg, key, "cpu, cuda, cuda:N or auto"))
     if not _DEVICE.match(value):
         raise ConfigError(f"{key}={value!r}: must be cpu, cuda, cuda:N or auto")
     if value.startswith("cuda"):
@@ -56,22 +83,54 @@ def _check_device(cfg: DictConfig, key: str, cuda_available: bool, cuda_count: i
             raise ConfigError(f"{key}={value!r}: this machine has {cuda_count} CUDA device(s)")
 
 
+def trainer_algorithm(cfg: DictConfig) -> str:
+    """The algorithm the trainer group composed (``ppo`` or ``dqn``), read from the node's keys.
+
+    ``trainer.name`` is only a label; a DQN node has ``updates_per_batch``,
+    a PPO node ``clip_coef``.
+    """
+    node = _get(cfg, "trainer", "a trainer group option (trainer=ppo or trainer=dqn)")
+    if isinstance(node, DictConfig):
+        for key, algorithm in _ALGORITHM_KEYS:
+            if key in node:
+                return algorithm
+    raise ConfigError("trainer=<unknown>: must be a trainer group option, trainer=ppo or trainer=dqn "
+                      "(the node has neither trainer.clip_coef nor trainer.updates_per_batch)")
+
+
 def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, check_env: bool = True) -> None:
-    """Raise :class:`ConfigError` for the first bad value in ``cfg``."""
+    """Raise :class:`ConfigError` (one line) for the first bad value in ``cfg``."""
+    try:
+        _validate(cfg, cuda_available=cuda_available, cuda_count=cuda_count, check_env=check_env)
+    except ConfigError as err:
+        message = _one_line(str(err))
+        if message == str(err):
+            raise
+        raise ConfigError(message) from None
+    except OmegaConfBaseException as err:  # a safety net: every read above goes through _get
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {_first_line(str(err))}") from None
+
+
+def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_env: bool) -> None:
     positive = (lambda v: v >= 1, ">= 1")
     non_negative = (lambda v: v >= 0, ">= 0")
 
+    def get(key: str) -> Any:
+        return _get(cfg, key)
+
     # env
     _check(cfg, "env.num_envs", *positive)
-    if cfg.env.envs_per_worker is not None:
-        _check(cfg, "env.envs_per_worker", *positive)
+    if get("env.envs_per_worker") is not None:
+        _check(cfg, "env.envs_per_worker", lambda v: v >= 1, ">= 1 (or null: auto)")
     _check(cfg, "workers.splits", *positive)
     _check(cfg, "workers.nice", lambda v: 0 <= v <= 19, "in [0, 19]")
     if check_env:
+        env_id = get("env.id")
         try:
-            check_env_id(str(cfg.env.id))
+            check_env_id(str(env_id))
         except EnvConfigError as err:
-            raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
+            raise ConfigError(f"env.id={env_id!r}: {err}") from None
 
     # model
     _one_of(cfg, "model.encoder", ("mlp", "nature_cnn"))
@@ -80,9 +139,10 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
 
     # workers / transport / server
     _one_of(cfg, "workers.backend", ("thread", "process"))
-    affinity = cfg.workers.affinity
+    workers_backend = get("workers.backend")
+    affinity = get("workers.affinity")
     if affinity is not None:
-        if cfg.workers.backend != "process":
+        if workers_backend != "process":
             raise ConfigError(f"workers.affinity={list(affinity)!r}: only applies to workers=process")
         usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
         for cpus in affinity:
@@ -92,68 +152,85 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
                     f"within the usable CPUs {sorted(usable)}"
                 )
     _one_of(cfg, "transport.kind", ("auto", "driver", "slots"))
-    if cfg.transport.kind == "slots" and cfg.workers.backend != "process":
-        raise ConfigError("transport.kind='slots': needs workers=process (thread workers share the driver; use driver or auto)")
     _one_of(cfg, "server.backend", ("thread", "process"))
-    for key in ("server.max_batch_size", "server.min_batch_size", "server.stats_window", "server.num_threads"):
+    for key in ("server.max_batch_size", "server.min_batch_size", "server.stats_reservoir", "server.num_threads"):
         _check(cfg, key, *positive)
-    if cfg.server.min_batch_size > cfg.server.max_batch_size:
-        raise ConfigError(
-            f"server.min_batch_size={cfg.server.min_batch_size}: must be <= server.max_batch_size={cfg.server.max_batch_size}"
-        )
+    min_batch, max_batch = get("server.min_batch_size"), get("server.max_batch_size")
+    if min_batch > max_batch:
+        raise ConfigError(f"server.min_batch_size={min_batch}: must be <= server.max_batch_size={max_batch}")
     _check(cfg, "server.timeout", *non_negative)
     _one_of(cfg, "server.engine", ("auto", "torch", "numpy"))
 
-    # device
-    for key in ("policy_device", "trainer_device", "output_device", "env_device", "storing_device"):
+    # device (env workers, shared buffers and server responses always live in host memory)
+    for key in _DEVICE_KEYS:
         _check_device(cfg, f"device.{key}", cuda_available, cuda_count)
-    for key in ("output_device", "env_device"):
-        value = str(cfg.device[key])
-        if value not in ("cpu", "auto"):
-            raise ConfigError(f"device.{key}={value!r}: must be cpu (env workers and shared buffers live on the host)")
-    if cfg.transport.kind == "slots" and str(cfg.device.policy_device) not in ("cpu", "auto") \
-            and not str(cfg.device.policy_device).startswith("cuda"):
-        raise ConfigError(f"device.policy_device={cfg.device.policy_device!r}: transport=slots needs a cpu or cuda "
-                          "policy (weights must be shareable with the inference process)")
-    if cfg.replay.kind != "none" and cfg.replay.storage == "disk" and str(cfg.device.storing_device) not in ("cpu", "auto"):
-        raise ConfigError(f"device.storing_device={cfg.device.storing_device!r}: replay.storage=disk keeps "
+    policy_device, storing_device = str(get("device.policy_device")), str(get("device.storing_device"))
+    if get("server.backend") == "process" and policy_device not in ("cpu", "auto") \
+            and not policy_device.startswith("cuda"):
+        raise ConfigError(f"device.policy_device={policy_device!r}: server=process needs a cpu or cuda "
+                          "policy (weights must be shareable with the inference process; use server=thread)")
+    replay_kind = get("replay.kind")
+    if replay_kind != "none" and get("replay.storage") == "disk" and storing_device not in ("cpu", "auto"):
+        raise ConfigError(f"device.storing_device={storing_device!r}: replay.storage=disk keeps "
                           "transitions in memory-mapped host files (use storing_device=cpu)")
-    if cfg.server.static_batch_size is not None:
+    static_batch = get("server.static_batch_size")
+    if static_batch is not None:
         _check(cfg, "server.static_batch_size", lambda v: v >= 1, ">= 1 (or null)")
-        if not str(cfg.device.policy_device).startswith(("cuda", "auto")):
-            raise ConfigError(f"server.static_batch_size={cfg.server.static_batch_size}: CUDA graphs need "
-                              f"device.policy_device=cuda (got {cfg.device.policy_device!r})")
+        if not policy_device.startswith(("cuda", "auto")):
+            raise ConfigError(f"server.static_batch_size={static_batch}: CUDA graphs need "
+                              f"device.policy_device=cuda (got {policy_device!r})")
 
     # chunking
     _one_of(cfg, "chunking.mode", ("auto", "step", "fixed"))
-    if cfg.chunking.mode == "fixed":
+    if get("chunking.mode") == "fixed":
         _check(cfg, "chunking.size", lambda v: v is not None and v >= 1, ">= 1 with chunking=fixed")
-    if cfg.chunking.chunks_per_worker is not None:
-        _check(cfg, "chunking.chunks_per_worker", lambda v: v >= 2, ">= 2 (or null)")
+    if get("chunking.chunks_per_worker") is not None:
+        _check(cfg, "chunking.chunks_per_worker", lambda v: v >= 1, ">= 1 (or null: one batch ahead)")
 
-    # replay / trainer
+    # collector
+    stall = get("collector.stall_timeout")
+    if stall is not None:
+        _check(cfg, "collector.stall_timeout", lambda v: v > 0, "> 0 seconds (or null: no stall watchdog)")
+    _check(cfg, "collector.policy_version", *non_negative)
+    driver_cpus = get("collector.driver_affinity")
+    if driver_cpus is not None:
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        if not driver_cpus or any(int(c) not in usable for c in driver_cpus):
+            raise ConfigError(f"collector.driver_affinity={list(driver_cpus)!r}: must be a non-empty list of "
+                              f"usable CPUs {sorted(usable)} (or null)")
+
+    # replay / trainer: the trainer group decides the algorithm, trainer.name must agree
     _one_of(cfg, "replay.kind", ("none", "uniform", "prioritized"))
-    _one_of(cfg, "trainer.name", ("ppo", "dqn"))
-    t = cfg.trainer
-    if t.name == "ppo" and cfg.replay.kind != "none":
-        raise ConfigError(f"replay.kind={cfg.replay.kind!r}: trainer=ppo learns on-policy, use replay=none")
-    if t.name == "dqn" and cfg.replay.kind == "none":
+    algorithm = trainer_algorithm(cfg)
+    name = get("trainer.name")
+    if name != algorithm:
+        if name in ("ppo", "dqn"):
+            raise ConfigError(f"trainer.name={name!r}: the algorithm is chosen with the trainer group "
+                              f"(trainer={name}), not trainer.name (this config composes trainer={algorithm})")
+        raise ConfigError(f"trainer.name={name!r}: must be {algorithm!r}, the algorithm of the trainer group "
+                          f"(choose it with trainer=ppo or trainer=dqn)")
+    if algorithm == "ppo" and replay_kind != "none":
+        raise ConfigError(f"replay.kind={replay_kind!r}: trainer=ppo learns on-policy, use replay=none")
+    if algorithm == "dqn" and replay_kind == "none":
         raise ConfigError("replay.kind='none': trainer=dqn needs a replay buffer (replay=uniform or replay=prioritized)")
-    if cfg.replay.kind != "none":
+    if replay_kind != "none":
         _one_of(cfg, "replay.storage", ("memory", "disk"))
-        _one_of(cfg, "replay.frame_dedup", ("auto", "true", "false"))
+        # YAML and Hydra read true/false as booleans and the str field keeps them as 'True'/'False'
+        _check(cfg, "replay.frame_dedup", lambda v: str(v).lower() in _FRAME_DEDUP,
+               "one of " + ", ".join(_FRAME_DEDUP) + " (any case)")
         _check(cfg, "replay.capacity", *positive)
         _check(cfg, "replay.alpha", *non_negative)
         _check(cfg, "replay.beta", lambda v: 0 <= v <= 1, "in [0, 1]")
         _check(cfg, "replay.eps", lambda v: v > 0, "> 0")
-        if cfg.replay.max_policy_lag is not None:
-            _check(cfg, "replay.max_policy_lag", *non_negative)
+        if get("replay.max_policy_lag") is not None:
+            _check(cfg, "replay.max_policy_lag", lambda v: v >= 0, ">= 0 (or null)")
     for key in ("frames_per_batch", "total_frames", "target_window"):
         _check(cfg, f"trainer.{key}", *positive)
     _check(cfg, "trainer.lr", lambda v: v > 0, "> 0")
     _check(cfg, "trainer.gamma", lambda v: 0 < v <= 1, "in (0, 1]")
     _check(cfg, "trainer.max_grad_norm", *non_negative)
-    if t.name == "ppo":
+    frames_per_batch = get("trainer.frames_per_batch")
+    if algorithm == "ppo":
         for key in ("epochs", "minibatches"):
             _check(cfg, f"trainer.{key}", *positive)
         _check(cfg, "trainer.max_policy_lag", *non_negative)
@@ -161,8 +238,9 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
         _check(cfg, "trainer.clip_coef", lambda v: v > 0, "> 0")
         for key in ("ent_coef", "vf_coef"):
             _check(cfg, f"trainer.{key}", *non_negative)
-        if t.minibatches > t.frames_per_batch:
-            raise ConfigError(f"trainer.minibatches={t.minibatches}: must be <= trainer.frames_per_batch={t.frames_per_batch}")
+        minibatches = get("trainer.minibatches")
+        if minibatches > frames_per_batch:
+            raise ConfigError(f"trainer.minibatches={minibatches}: must be <= trainer.frames_per_batch={frames_per_batch}")
     else:
         for key in ("batch_size", "updates_per_batch", "target_update_period", "n_step"):
             _check(cfg, f"trainer.{key}", *positive)
@@ -171,13 +249,14 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
         for key in ("eps_start", "eps_end"):
             _check(cfg, f"trainer.{key}", lambda v: 0 <= v <= 1, "in [0, 1]")
         _check(cfg, "trainer.eps_fraction", lambda v: 0 < v <= 1, "in (0, 1]")
-        if t.batch_size > cfg.replay.capacity:
-            raise ConfigError(f"trainer.batch_size={t.batch_size}: must be <= replay.capacity={cfg.replay.capacity}")
+        batch_size, capacity = get("trainer.batch_size"), get("replay.capacity")
+        if batch_size > capacity:
+            raise ConfigError(f"trainer.batch_size={batch_size}: must be <= replay.capacity={capacity}")
 
     # logger / top level
     _one_of(cfg, "logger.kind", LOGGER_KINDS)
     _check(cfg, "logger.interval", lambda v: v > 0, "> 0 seconds")
-    if cfg.logger.mode is not None:
+    if get("logger.mode") is not None:
         _one_of(cfg, "logger.mode", ("offline", "online", "disabled"))
     _check(cfg, "torch_threads", *positive)
     _check(cfg, "seed", *non_negative)

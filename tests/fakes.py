@@ -12,7 +12,9 @@ class RecordingModel(torch.nn.Module):
     """action = round(sum of the observation row) * scale + mode; records batch sizes.
 
     ``scale`` is a buffer, so weight updates change the actions; observations
-    with a NaN make the forward raise (a model error one request can cause).
+    with a NaN make the forward raise (a model error one request can cause);
+    an observation of -999 kills whatever runs the server (a fatal fault:
+    ``SystemExit`` is not an ``Exception`` the serve loop isolates).
     """
 
     in_keys = ("observation",)
@@ -25,11 +27,14 @@ class RecordingModel(torch.nn.Module):
         self.batch_sizes: list[int] = []
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> dict[str, torch.Tensor]:
-        obs = inputs["observation"]
+        obs = torch.as_tensor(inputs["observation"])
+        modes = torch.as_tensor(modes)
         if self.gate is not None:
             self.gate.wait(10)
         if torch.isnan(obs).any():
             raise ValueError("NaN in the observation")
+        if (obs == -999).any():
+            raise SystemExit("fatal fault in the served model")
         self.batch_sizes.append(obs.shape[0])
         if self.delay:
             time.sleep(self.delay)
@@ -42,24 +47,64 @@ def make_recording_model(spec, delay: float = 0.0) -> RecordingModel:  # noqa: A
     return RecordingModel(delay=delay)
 
 
-class ExplodingEnvFactory:
-    """CartPole whose env ``index`` raises on its ``at_step``-th step (a crashing env)."""
+class FaultyEnvFactory:
+    """CartPole whose envs fail from their ``at_step``-th step (counted per process).
 
-    def __init__(self, at_step: int) -> None:
-        self.at_step = at_step
+    ``fault``: "raise" (an env that crashes) or "hang" (a step that blocks
+    for an hour: a hung simulator).
+    """
+
+    def __init__(self, at_step: int, fault: str = "raise") -> None:
+        self.at_step, self.fault = at_step, fault
 
     def __call__(self):  # noqa: ANN204
         import gymnasium as gym
 
-        at_step = self.at_step
+        at_step, fault = self.at_step, self.fault
 
-        class Exploding(gym.Wrapper):
+        class Faulty(gym.Wrapper):
             steps = 0
 
             def step(self, action):  # noqa: ANN001, ANN202
-                Exploding.steps += 1
-                if Exploding.steps >= at_step:
+                Faulty.steps += 1
+                if Faulty.steps >= at_step:
+                    if fault == "hang":
+                        time.sleep(3600)
                     raise RuntimeError(f"boom at step {at_step}")
                 return self.env.step(action)
 
-        return Exploding(gym.make("CartPole-v1"))
+        return Faulty(gym.make("CartPole-v1"))
+
+
+class ExplodingEnvFactory(FaultyEnvFactory):
+    def __init__(self, at_step: int) -> None:
+        super().__init__(at_step, "raise")
+
+
+class HangingEnvFactory(FaultyEnvFactory):
+    def __init__(self, at_step: int) -> None:
+        super().__init__(at_step, "hang")
+
+
+class StallingPolicy(torch.nn.Module):
+    """Acts (action 0) for ``answer`` calls, then never answers again: a server that stopped answering."""
+
+    in_keys = ("observation",)
+
+    def __init__(self, answer: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+        self.answer = answer
+        self.calls = 0
+
+    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        if self.calls > self.answer:
+            time.sleep(3600)
+        obs = torch.as_tensor(inputs["observation"])
+        return {"action": torch.zeros(obs.shape[0], dtype=torch.int64)}
+
+
+def make_stalling_policy(spec, answer: int = 20) -> StallingPolicy:  # noqa: ANN001
+    return StallingPolicy(answer)
+

@@ -1,65 +1,68 @@
-"""PolicyClient: futures, the in-flight bound, interaction modes per request."""
+"""PolicyClient: a remote policy that looks like a local TensorDict policy."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 from tensordict import TensorDict
 
+from components.envs import EnvSpec
 from components.inference.client import PolicyClient
-from components.inference.server import InferenceServer, ServerConfig
-from components.inference.thread_transport import ThreadTransport
+from components.inference.loop import ServerConfig
+from components.inference.server import InferenceServer
+from components.inference.slots import SlotTransport
+from components.inference.transport import Layout
 from components.interaction import InteractionMode
+from components.models import ModelSpec
+from components.shm import FieldSpec
 from tests.fakes import RecordingModel
+
+LAYOUT = Layout((FieldSpec("observation", (2,), "float32"),),
+                (FieldSpec("action", (), "int64"), FieldSpec("policy_version", (), "int64")))
+SPEC = EnvSpec((2,), "float32", "discrete", action_n=2)
+FAKE = ModelSpec("tests.fakes.make_recording_model")
+
+
+def _server(transport: SlotTransport, **config) -> InferenceServer:
+    return InferenceServer(FAKE, transport, ServerConfig(**config), env_spec=SPEC,
+                           template=RecordingModel().state_dict())
 
 
 def test_calling_the_client_looks_like_a_local_tensordict_policy():
-    transport = ThreadTransport()
-    with InferenceServer(RecordingModel(), transport):
-        policy = PolicyClient(transport.client())
+    transport = SlotTransport(LAYOUT, num_slots=1, rows_per_slot=3, ctx=threading)
+    policy = PolicyClient(transport.client())
+    with _server(transport):
         out = policy(TensorDict({"observation": torch.ones(3, 2)}, batch_size=[3]))
     assert isinstance(out, TensorDict) and out.batch_size == torch.Size([3])
     assert out["action"].tolist() == [20, 20, 20] and out["policy_version"].tolist() == [0, 0, 0]
 
 
-def test_max_inflight_blocks_the_next_submit_until_a_request_completes():
-    gate = threading.Event()
-    transport = ThreadTransport()
-    with InferenceServer(RecordingModel(gate=gate), transport):
-        policy = PolicyClient(transport.client(), max_inflight=2)
-        td = TensorDict({"observation": torch.ones(1, 2)}, batch_size=[1])
-        first, second = policy.submit(td), policy.submit(td)
-        third: list = []
-        submitter = threading.Thread(target=lambda: third.append(policy.submit(td)), name="test-submitter")
-        submitter.start()
-        time.sleep(0.3)
-        assert not third, "a third request must wait while two are in flight"
-        with pytest.raises(TimeoutError):
-            first.result(timeout=0.05)  # a timed-out wait keeps the permit
-        time.sleep(0.2)
-        assert not third
-        gate.set()
-        submitter.join(10)
-        assert third and third[0].result(timeout=10)["action"].tolist() == [20]
-        first.result(timeout=10), second.result(timeout=10)
+def test_more_submits_than_slots_collect_the_oldest_first_and_keep_every_answer():
+    transport = SlotTransport(LAYOUT, num_slots=2, rows_per_slot=1, ctx=threading)
+    policy = PolicyClient([transport.client(), transport.client()])
+    assert policy.max_inflight == 2
+    with _server(transport):
+        futures = [policy.submit(TensorDict({"observation": torch.full((1, 2), float(i))}, [1])) for i in range(5)]
+        actions = [f.result(timeout=10)["action"].tolist() for f in futures]
+    assert actions == [[20 * i] for i in range(5)], "each future keeps its own answer although slots were reused"
 
 
 def test_each_request_carries_its_own_interaction_mode_in_a_shared_batch():
-    transport = ThreadTransport()
-    explore = PolicyClient(transport.client(), interaction_mode="random")
+    transport = SlotTransport(LAYOUT, num_slots=3, rows_per_slot=2, ctx=threading)
+    explore = PolicyClient([transport.client(), transport.client()], interaction_mode="random")
     greedy = PolicyClient(transport.client(), interaction_mode=InteractionMode.DETERMINISTIC)
     td = TensorDict({"observation": torch.zeros(2, 2)}, batch_size=[2])
     futures = [explore.submit(td), greedy.submit(td), explore.submit(td, interaction_mode="mode")]
-    model = RecordingModel()
-    with InferenceServer(model, transport, ServerConfig(max_batch_size=8)):
+    with _server(transport, max_batch_size=8) as server:
         modes = [f.result(timeout=10)["action"].tolist() for f in futures]
-    assert model.batch_sizes == [6], "all three requests were served by one forward"
+        stats = server.stats()
+    assert stats["batches"] == 1 and stats["rows"] == 6, "all three requests were served by one forward"
     assert modes == [[0, 0], [3, 3], [1, 1]]
 
 
 def test_unknown_interaction_mode_is_a_clear_error():
+    transport = SlotTransport(LAYOUT, num_slots=1, rows_per_slot=1, ctx=threading)
     with pytest.raises(ValueError, match="allowed: random"):
-        PolicyClient(ThreadTransport().client(), interaction_mode="greedy-ish")
+        PolicyClient(transport.client(), interaction_mode="greedy-ish")

@@ -104,19 +104,22 @@ def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
     assert time.monotonic() - started < 30
 
 
-def test_weights_pushed_mid_run_reach_the_data_with_a_new_version():
-    graph = GRAPHS["thread-driver-thread"]
-    collector = _collector(graph, 32, -1).start()
+@pytest.mark.parametrize("name", ["thread-driver-thread", "process-slots-process"])
+def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(name):
+    collector = _collector(GRAPHS[name], 32, -1).start()
     try:
         first = collector.next_batch()
-        assert set(first["policy_version"].tolist()) == {0}
+        assert set(first["policy_version"].tolist()) == {0}, "version 0 is the initial weights"
         model = SMALL_MLP.build(collector.env_spec)
-        collector.update_policy_weights_(model)
-        assert collector.policy_version == 1
-        versions = set()
-        for _ in range(30):
+        assert collector.update_policy_weights_(model, version=7) == 7
+        versions: set[int] = set()
+        for _ in range(60):
             versions |= set(collector.next_batch()["policy_version"].tolist())
-        assert 1 in versions and max(versions) == 1
+            if 7 in versions:
+                break
+        assert versions <= {0, 7} and 7 in versions
+        assert collector.policy_version == 7
+        assert collector.update_policy_weights_(model) == 8, "no version given: the last one + 1"
     finally:
         collector.shutdown()
         collector.shutdown()  # idempotent
@@ -131,10 +134,10 @@ def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers):
         batches = [collector.next_batch() for _ in range(3)]
         with collector.pause(timeout=10):
             frozen = collector._control.timing[:, 4].sum()
-            rows = collector.server_stats()["rows"]
+            collector.server_stats()  # closes the interval
             time.sleep(0.3)
             assert collector._control.timing[:, 4].sum() == frozen
-            assert collector.server_stats()["rows"] == rows, "nothing is served while paused"
+            assert collector.server_stats()["rows"] == 0, "nothing is served while paused"
         batches += [collector.next_batch() for _ in range(3)]
         assert_trajectories_intact(batches)
     finally:
@@ -153,8 +156,27 @@ def test_weights_pushed_before_start_are_served_from_the_first_step():
         (batch,) = list(collector)
     finally:
         collector.shutdown()
-    assert set(batch["policy_version"].tolist()) == {1}
+    assert set(batch["policy_version"].tolist()) == {1}, "the version the weights were pushed with (default: 0 + 1)"
     assert torch.allclose(batch["state_value"], torch.zeros(20)), "zeroed weights give zero values"
+
+
+@pytest.mark.parametrize("server", ["thread", "process"])
+def test_initial_weights_pushed_as_version_0_are_stamped_0_and_an_initial_version_carries_through(server):
+    graph = GraphSpec("thread", "slots", server, num_envs=4, envs_per_worker=4, chunk_len=1)
+    collector = _collector(graph, 16, 16)
+    collector.update_policy_weights_(SMALL_MLP.build(collector.env_spec), version=0)
+    try:
+        (batch,) = list(collector)
+    finally:
+        collector.shutdown()
+    assert set(batch["policy_version"].tolist()) == {0}
+    resumed = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), SMALL_MLP, graph, frames_per_batch=16,
+                                    total_frames=16, policy_version=41)
+    try:
+        (batch,) = list(resumed)
+    finally:
+        resumed.shutdown()
+    assert set(batch["policy_version"].tolist()) == {41}
 
 
 class RecordingBuffer:
@@ -197,3 +219,38 @@ def test_the_writer_fills_replay_in_the_background_and_pause_holds_it(workers):
         collector.shutdown()
     assert len(buffer) == 32 * 40 and all(b.numel() == 32 for b in buffer.batches)
     assert_trajectories_intact(buffer.batches)
+
+
+PLACEMENTS = {
+    "thread-workers-thread-server": GraphSpec("thread", "slots", "thread", num_envs=4, envs_per_worker=2, chunk_len=2),
+    "thread-workers-process-server": GraphSpec("thread", "slots", "process", num_envs=4, envs_per_worker=2, chunk_len=2),
+    "process-workers-thread-server": GraphSpec("process", "slots", "thread", num_envs=4, envs_per_worker=2,
+                                               chunk_len=2, splits=2),
+    "process-workers-process-server": GraphSpec("process", "slots", "process", num_envs=4, envs_per_worker=2,
+                                                chunk_len=2, splits=2),
+    "process-workers-driver-relay": GraphSpec("process", "driver", "process", num_envs=4, envs_per_worker=2,
+                                              chunk_len=2),
+}
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_server_statistics_of_an_interval_equal_the_rows_the_workers_sent_in_it(name):
+    collector = _collector(PLACEMENTS[name], 24, -1).start()
+    requested = collector._control.timing[:, 5]
+    try:
+        for _ in range(2):
+            collector.next_batch()
+        with collector.pause(timeout=10):  # every request in flight is answered while parked
+            collector.server_stats()
+            before = requested.sum()
+        for _ in range(5):
+            collector.next_batch()
+        time.sleep(0.2)
+        with collector.pause(timeout=10):
+            stats = collector.server_stats()
+            sent = requested.sum() - before
+        assert sent > 0 and stats["rows"] == sent, (stats["rows"], sent)
+        assert stats["rows_total"] >= stats["rows"] and stats["requests"] > 0
+        assert stats["avg_batch_size"] == pytest.approx(stats["rows"] / stats["batches"])
+    finally:
+        collector.shutdown()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.plan import Machine, resolve_plan
 from pipeline.validate import ConfigError, validate
@@ -22,8 +24,8 @@ OPTIONS = sorted(
 )
 
 
-@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_of_every_group_composes_and_validates(group, option):
+def option_overrides(group: str, option: str) -> list[str]:
+    """``group=option`` plus the overrides that option needs to form a valid run."""
     overrides = [f"{group}={option}"]
     if group == "transport" and option == "slots":
         overrides.append("workers=process")
@@ -31,25 +33,82 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
         overrides.append("trainer=dqn")
     if group == "trainer" and option.startswith("dqn"):
         overrides.append("replay=uniform")
-    cfg = compose(*overrides)
+    return overrides
+
+
+def option_values(group: str, option: str) -> tuple[bool, dict]:
+    """The values ``conf/<group>/<option>.yaml`` sets itself (no ``defaults``), and whether it is ``_global_``."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    is_global = any(line.strip() == "# @package _global_" for line in path.read_text().splitlines()[:3])
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    assert isinstance(values, dict)
+    values.pop("defaults", None)
+    return is_global, values
+
+
+def assert_values_reached(composed: DictConfig, expected: dict, where: str) -> None:
+    """Every key ``expected`` sets has that value in ``composed`` (interpolations compared unresolved)."""
+    actual = OmegaConf.to_container(composed, resolve=False)
+    assert isinstance(actual, dict)
+
+    def walk(want: object, got: object, path: str) -> None:
+        if isinstance(want, dict):
+            assert isinstance(got, dict), f"{path}: {got!r} is not a mapping"
+            for key, value in want.items():
+                assert key in got, f"{path}.{key} is set by the option file but missing from the composed config"
+                walk(value, got[key], f"{path}.{key}")
+        else:
+            assert got == want, f"{path}={got!r} but the option file sets {want!r}"
+
+    walk(expected, actual, where)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_of_every_group_composes_and_validates(group, option):
+    cfg = compose(*option_overrides(group, option))
+    is_global, values = option_values(group, option)
+    assert values, f"conf/{group}/{option}.yaml sets nothing"
+    if is_global:  # e.g. conf/trainer/dqn.yaml: its keys sit under trainer: (and model:)
+        assert group in values, f"conf/{group}/{option}.yaml is _global_ but sets nothing under {group}:"
+        assert_values_reached(cfg, values, "cfg")
+    else:
+        assert_values_reached(cfg[group], values, group)
     if group == "device" and option == "cuda":
         with pytest.raises(ConfigError, match="CUDA is not available"):
             validate(cfg, cuda_available=False)
         validate(cfg, cuda_available=True, cuda_count=1)
         return
     validate(cfg, cuda_available=False)
-    plan = resolve_plan(cfg, CPU_MACHINE)
-    assert plan.lines()
+    resolve_plan(cfg, CPU_MACHINE)  # resolves without an error
 
 
-@pytest.mark.parametrize("workload", ["cartpole", "pong"])
+def test_an_option_value_that_does_not_reach_the_config_is_caught():
+    """The check above can fail: a value overridden away from the option file's is reported."""
+    cfg = compose("server=process", "server.max_batch_size=7")
+    _, values = option_values("server", "process")
+    with pytest.raises(AssertionError, match="server.max_batch_size=7 but the option file sets 256"):
+        assert_values_reached(cfg.server, values, "server")
+
+
+BENCH_WORKLOADS = {
+    # workload: env id, env factory, encoder
+    "cartpole": ("CartPole-v1", "components.envs.GymEnvFactory", "mlp"),
+    "pong": ("ALE/Pong-v5", "components.envs.AtariEnvFactory", "nature_cnn"),
+}
+
+
+@pytest.mark.parametrize("workload", sorted(BENCH_WORKLOADS))
 def test_every_bench_workload_composes(workload):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("bench", overrides=[f"bench_workload={workload}"])
-    assert cfg.num_envs == cfg.bench_workload.num_envs and cfg.repeats >= 1
+    env_id, factory, encoder = BENCH_WORKLOADS[workload]
+    w = cfg.bench_workload
+    assert (w.name, w.env.id, w.env._target_, w.model.encoder) == (workload, env_id, factory, encoder)
+    assert isinstance(cfg.num_envs, int) and cfg.num_envs >= 1 and cfg.repeats >= 1
+    assert_values_reached(w, option_values("bench_workload", workload)[1], "bench_workload")
 
 
 def test_trainer_env_specialisations_apply_to_their_pair_only():
@@ -83,7 +142,9 @@ BAD = [
     (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0': 'NoSuchEnv-v0' is not a registered gymnasium environment"),
     (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
     (["device=cuda"], "device.policy_device='cuda': CUDA is not available"),
-    (["transport=slots"], "transport.kind='slots': needs workers=process"),
+    (["transport.kind=wormhole"], "transport.kind='wormhole': must be one of auto, driver, slots"),
+    (["collector.stall_timeout=0"], "collector.stall_timeout=0.0: must be > 0 seconds (or null: no stall watchdog)"),
+    (["collector.driver_affinity=[99]"], "collector.driver_affinity=[99]: must be a non-empty list of usable CPUs"),
     (["server.backend=gpu"], "server.backend='gpu': must be one of thread, process"),
     (["chunking=fixed", "chunking.size=0"], "chunking.size=0: must be >= 1"),
     (["trainer.gamma=1.5"], "trainer.gamma=1.5: must be in (0, 1]"),
@@ -93,13 +154,24 @@ BAD = [
     (["trainer=dqn", "replay=prioritized", "replay.beta=2"], "replay.beta=2.0: must be in [0, 1]"),
     (["trainer=dqn", "replay=uniform", "replay.storage=tape"], "replay.storage='tape': must be one of memory, disk"),
     (["trainer=dqn", "replay=uniform", "trainer.tau=0"], "trainer.tau=0.0: must be in (0, 1]"),
-    (["device.env_device=cuda"], "device.env_device='cuda': CUDA is not available"),
+    (["device.trainer_device=cuda"], "device.trainer_device='cuda': CUDA is not available"),
+    (["device.storing_device=cuda:1"], "device.storing_device='cuda:1': CUDA is not available"),
+    (["device.policy_device=tpu"], "device.policy_device='tpu': must be cpu, cuda, cuda:N or auto"),
     (["server.static_batch_size=64"], "server.static_batch_size=64: CUDA graphs need device.policy_device=cuda"),
-    (["workers=process", "transport=slots", "device.policy_device=mps"],
-     "device.policy_device='mps': transport=slots needs a cpu or cuda policy"),
+    (["workers=process", "server=process", "device.policy_device=mps"],
+     "device.policy_device='mps': server=process needs a cpu or cuda policy"),
     (["trainer=dqn", "replay=uniform", "replay.storage=disk", "device.storing_device=mps"],
      "device.storing_device='mps': replay.storage=disk keeps transitions in memory-mapped host files"),
     (["server.engine=jax"], "server.engine='jax': must be one of auto, torch, numpy"),
+    (["trainer=dqn", "replay=uniform", "replay.frame_dedup=maybe"],
+     "replay.frame_dedup='maybe': must be one of auto, true, false"),
+    (["trainer=dqn", "replay=uniform", "replay.frame_dedup=1"], "replay.frame_dedup='1': must be one of auto, true, false"),
+    (["trainer.name=dqn", "replay=uniform"],
+     "trainer.name='dqn': the algorithm is chosen with the trainer group (trainer=dqn), not trainer.name"),
+    (["trainer.name=dqn"], "trainer.name='dqn': the algorithm is chosen with the trainer group (trainer=dqn)"),
+    (["trainer=dqn", "replay=uniform", "trainer.name=ppo"],
+     "trainer.name='ppo': the algorithm is chosen with the trainer group (trainer=ppo), not trainer.name"),
+    (["trainer.name=a2c"], "trainer.name='a2c': must be 'ppo', the algorithm of the trainer group"),
 ]
 
 
@@ -109,6 +181,104 @@ def test_bad_values_are_rejected_with_the_key_the_value_and_what_is_allowed(over
         validate(compose(*overrides), cuda_available=False)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["true", "false", "True", "FALSE", "auto", "AUTO"])
+@pytest.mark.parametrize("replay", ["uniform", "prioritized"])
+def test_frame_dedup_accepts_true_false_auto_in_any_case(replay, value):
+    cfg = compose("trainer=dqn", f"replay={replay}", f"replay.frame_dedup={value}")
+    validate(cfg, cuda_available=False)
+    assert str(cfg.replay.frame_dedup).lower() == value.lower()
+
+
+def test_frame_dedup_true_and_false_are_resolved_against_the_observations():
+    """The documented values decide frame dedup (an Atari-shaped spec, no ALE needed); true on vectors is one line."""
+    from components.envs import EnvSpec
+
+    stacks = EnvSpec((4, 84, 84), "uint8", "discrete", action_n=6)
+    vectors = EnvSpec((4,), "float32", "discrete", action_n=2)
+    for value, on_stacks, on_vectors in (("true", True, None), ("TRUE", True, None), ("false", False, False),
+                                         ("False", False, False), ("auto", True, False)):
+        cfg = compose("trainer=dqn", "replay=uniform", f"replay.frame_dedup={value}")
+        validate(cfg, cuda_available=False)
+        assert resolve_plan(cfg, CPU_MACHINE, stacks).frame_dedup is on_stacks, value
+        if on_vectors is None:
+            with pytest.raises(ConfigError, match=r"^replay.frame_dedup=\S+: observations 4 float32 are not uint8"):
+                resolve_plan(cfg, CPU_MACHINE, vectors)
+        else:
+            assert resolve_plan(cfg, CPU_MACHINE, vectors).frame_dedup is on_vectors, value
+
+
+def test_device_keeps_only_the_keys_something_reads():
+    assert set(compose().device) == {"policy_device", "trainer_device", "storing_device"}
+    for option in ("cpu", "cuda", "auto"):
+        assert set(compose(f"device={option}").device) == {"policy_device", "trainer_device", "storing_device"}
+
+
+@pytest.mark.parametrize("key", ["device.env_device=cuda", "device.output_device=cpu"])
+def test_removed_device_keys_are_hydra_errors(key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        compose(key)
+
+
+@pytest.mark.parametrize("overrides", [[], ["trainer=dqn", "replay=uniform"]], ids=["ppo", "dqn"])
+def test_a_key_missing_from_any_node_is_one_config_error_line(overrides):
+    """Every key validate reads: deleted, or left as ???, it is a ConfigError naming it, never a traceback."""
+    base = compose(*overrides)
+    keys = [
+        f"{group}.{key}" for group in ("env", "workers", "transport", "server", "device", "chunking", "replay",
+                                       "trainer", "logger")
+        for key in base[group] if not OmegaConf.is_dict(base[group][key]) and key != "_target_"
+    ] + ["seed", "torch_threads"]
+    reported = set()
+    for dotted in keys:
+        for how in ("delete", "???"):
+            cfg = copy.deepcopy(base)
+            *parents, leaf = dotted.split(".")
+            node = cfg
+            for part in parents:
+                node = node[part]
+            with open_dict(node):
+                if how == "delete":
+                    del node[leaf]
+                else:
+                    node[leaf] = "???"
+            try:
+                validate(cfg, cuda_available=False, check_env=False)
+            except ConfigError as err:
+                message = str(err)
+                assert "\n" not in message
+                if dotted in message:
+                    reported.add(dotted)
+    # the keys validate reads are reported by name (a few, e.g. model/progress, it never reads)
+    for must in ("env.num_envs", "workers.backend", "server.max_batch_size", "device.policy_device", "replay.kind",
+                 "trainer.name", "trainer.lr", "logger.kind", "seed"):
+        assert must in reported, must
+    if overrides:
+        assert {"trainer.updates_per_batch", "replay.capacity", "replay.frame_dedup"} <= reported
+    else:
+        assert {"trainer.clip_coef", "trainer.minibatches"} <= reported
+
+
+def test_a_trainer_node_of_no_known_algorithm_is_one_line():
+    cfg = compose()
+    with open_dict(cfg.trainer):
+        del cfg.trainer["clip_coef"]
+    with pytest.raises(ConfigError, match=r"^trainer=<unknown>: must be a trainer group option"):
+        validate(cfg, cuda_available=False)
+
+
+def test_the_algorithm_comes_from_the_trainer_node_not_its_target():
+    cfg = compose("trainer=dqn", "replay=uniform")
+    with open_dict(cfg.trainer):
+        cfg.trainer["_target_"] = "somewhere.else.Trainer"
+    validate(cfg, cuda_available=False)
+    cfg = compose()
+    with open_dict(cfg.trainer):
+        del cfg.trainer["_target_"]
+    validate(cfg, cuda_available=False)
 
 
 def _run_dir(args: list[str], tmp_path: Path) -> Path:
@@ -123,8 +293,8 @@ def _cli(args: list[str], tmp_path: Path) -> subprocess.Popen:
 
 
 def test_a_user_sees_one_line_exit_code_2_and_no_traceback(tmp_path):
-    cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["workers=thread", "transport=slots"],
-             ["env=gym", "env.id=Pendulum-v1", "trainer=dqn", "replay=uniform"]]
+    cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["chunking.chunks_per_worker=2"],
+             ["env=gym", "env.id=Pendulum-v1", "trainer=dqn", "replay=uniform"], ["trainer.name=dqn", "replay=uniform"]]
     procs = [(_cli(args, tmp_path), args) for args in cases]  # run side by side
     for proc, args in procs:
         out, err = proc.communicate(timeout=120)
@@ -157,10 +327,10 @@ def test_envs_per_worker_auto_leaves_a_cpu_for_the_inference_server():
     assert plan.graph.num_workers == 4
 
 
-def test_transport_auto_with_thread_workers_relays_through_the_driver():
+def test_transport_auto_gives_thread_workers_the_servers_slots_directly():
     plan = resolve_plan(compose(), CPU_MACHINE)
-    assert (plan.graph.workers, plan.graph.transport, plan.graph.server) == ("thread", "driver", "thread")
-    assert "auto -> driver: env workers are threads" in plan.reason("transport")
+    assert (plan.graph.workers, plan.graph.transport, plan.graph.server) == ("thread", "slots", "thread")
+    assert "auto -> slots: every worker reaches the server's shared-memory slots" in plan.reason("transport")
     assert plan.graph.chunk_len == 1 and "thread workers" in plan.reason("chunking")
 
 
@@ -174,16 +344,18 @@ def test_transport_auto_with_process_workers_uses_slots_and_a_process_server():
 
 COMBINATIONS = [
     # workers, transport, server -> resolved transport, server, phrase in the reason
-    ("thread", "auto", "thread", "driver", "thread", "env workers are threads"),
-    ("thread", "auto", "process", "driver", "process", "env workers are threads"),
-    ("thread", "driver", "thread", "driver", "thread", "driver"),
-    ("thread", "driver", "process", "driver", "process", "driver"),
+    ("thread", "auto", "thread", "slots", "thread", "auto -> slots"),
+    ("thread", "auto", "process", "slots", "process", "auto -> slots"),
+    ("thread", "driver", "thread", "slots", "thread", "thread workers are already in the driver"),
+    ("thread", "driver", "process", "slots", "process", "thread workers are already in the driver"),
+    ("thread", "slots", "thread", "slots", "thread", "slots: every worker"),
+    ("thread", "slots", "process", "slots", "process", "slots: every worker"),
     ("process", "auto", "thread", "slots", "process", "server=thread -> process"),
-    ("process", "auto", "process", "slots", "process", "reach the inference process through shared slots"),
-    ("process", "driver", "thread", "driver", "thread", "driver"),
-    ("process", "driver", "process", "driver", "process", "driver"),
-    ("process", "slots", "thread", "slots", "thread", "slots"),
-    ("process", "slots", "process", "slots", "process", "slots"),
+    ("process", "auto", "process", "slots", "process", "auto -> slots"),
+    ("process", "driver", "thread", "driver", "thread", "driver relay thread"),
+    ("process", "driver", "process", "driver", "process", "driver relay thread"),
+    ("process", "slots", "thread", "slots", "thread", "slots: every worker"),
+    ("process", "slots", "process", "slots", "process", "slots: every worker"),
 ]
 
 
@@ -194,13 +366,14 @@ def test_every_combination_resolves_with_a_reason(workers, transport, server, wa
     plan = resolve_plan(cfg, CPU_MACHINE)
     assert (plan.graph.transport, plan.graph.server) == (want_transport, want_server)
     assert phrase in plan.reason("transport")
-    assert str(plan).startswith("plan:")
+    assert str(plan).splitlines()[0] == "plan:" and any(line.strip().startswith("transport") for line in str(plan).splitlines())
 
 
-def test_auto_falls_back_to_the_driver_when_the_policy_device_cannot_be_shared():
+def test_auto_keeps_the_server_in_the_driver_when_the_policy_device_cannot_be_shared():
     cfg = compose("workers=process", "device.policy_device=mps")
     plan = resolve_plan(cfg, CPU_MACHINE)
-    assert plan.graph.transport == "driver" and "cannot share weights" in plan.reason("transport")
+    assert (plan.graph.transport, plan.graph.server) == ("slots", "thread")
+    assert "cannot be shared with a process" in plan.reason("transport")
 
 
 def test_explicit_choices_are_kept():
@@ -208,6 +381,36 @@ def test_explicit_choices_are_kept():
     assert (plan.graph.transport, plan.graph.server) == ("slots", "thread")
     plan = resolve_plan(compose("workers=process", "transport=driver", "server=process"), CPU_MACHINE)
     assert (plan.graph.transport, plan.graph.server) == ("driver", "process")
+
+
+def test_every_auto_choice_is_said_in_the_plan():
+    from components.envs import EnvSpec
+
+    plan = resolve_plan(compose(), CPU_MACHINE)
+    assert plan.server.engine == "numpy" and "engine auto -> numpy" in plan.reason("server")
+    plan = resolve_plan(compose("env=atari"), CPU_MACHINE)
+    assert plan.server.engine == "torch" and "engine auto -> torch: encoder nature_cnn" in plan.reason("server")
+    plan = resolve_plan(compose("server.engine=torch"), CPU_MACHINE)
+    assert plan.server.engine == "torch"
+    frames = EnvSpec((4, 84, 84), "uint8", "discrete", action_n=6)
+    plan = resolve_plan(compose("env=atari", "trainer=dqn", "replay=uniform"), CPU_MACHINE, frames)
+    assert plan.frame_dedup is True and "frame dedup auto -> on: 4x84x84 uint8 frame stacks" in plan.reason("replay")
+    vectors = EnvSpec((4,), "float32", "discrete", action_n=2)
+    plan = resolve_plan(compose("trainer=dqn", "replay=uniform"), CPU_MACHINE, vectors)
+    assert plan.frame_dedup is False and "auto -> off" in plan.reason("replay")
+    with pytest.raises(ConfigError, match="replay.frame_dedup=True: observations 4 float32 are not uint8 frame stacks"):
+        resolve_plan(compose("trainer=dqn", "replay=uniform", "replay.frame_dedup=true"), CPU_MACHINE, vectors)
+
+
+@pytest.mark.parametrize(("overrides", "fewest"), [
+    (["chunking.chunks_per_worker=2"], 33),  # 8 thread envs, 1 step per chunk, 256 per batch: 263 needed
+    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "chunking.chunks_per_worker=1"], 2),
+])
+def test_a_chunk_budget_that_cannot_hold_a_batch_is_a_config_error(overrides, fewest):
+    with pytest.raises(ConfigError, match=rf"chunking.chunks_per_worker=\d+: .* use at least {fewest} \(or null\)"):
+        resolve_plan(compose(*overrides), CPU_MACHINE)
+    resolve_plan(compose(*[o for o in overrides if "chunks_per_worker" not in o], f"chunking.chunks_per_worker={fewest}"),
+                 CPU_MACHINE)
 
 
 def test_a_block_larger_than_max_batch_size_is_served_in_slices():

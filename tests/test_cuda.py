@@ -14,12 +14,12 @@ import torch
 
 from components.collector.collector import AsyncBatchedCollector, GraphSpec
 from components.envs import EnvSpec, GymEnvFactory
-from components.inference.process_server import ProcessInferenceServer
-from components.inference.server import ServerConfig
+from components.inference.loop import ServerConfig
+from components.inference.server import InferenceServer
 from components.inference.slots import SlotTransport
 from components.inference.transport import derive_layout
 from components.models import ActorCritic, ModelSpec
-from components.serving import TorchEngine
+from components.inference.serving import TorchEngine
 from tests.conftest import run_pipeline
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -61,33 +61,36 @@ def test_static_batch_size_replays_a_cuda_graph_with_padding():
     assert torch.allclose(graphed.act({"observation": obs}, _greedy(8))["state_value"], torch.zeros(8))
 
 
-def test_process_server_on_cuda_receives_weights_by_ipc_and_bumps_the_version():
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_a_server_on_cuda_in_either_placement_receives_weights_and_their_version(placement):
     ctx = mp.get_context("spawn")
     model = ActorCritic(SPEC)
     transport = SlotTransport(derive_layout(model, SPEC.observation_field()), num_slots=1, rows_per_slot=4, ctx=ctx)
     client = transport.client()
-    server = ProcessInferenceServer(ModelSpec("components.models.ActorCritic"), SPEC, transport,
-                                    ServerConfig(device="cuda"), template=model.state_dict(), ctx=ctx).start()
+    server = InferenceServer(ModelSpec("components.models.ActorCritic"), transport, ServerConfig(device="cuda"),
+                             env_spec=SPEC, placement=placement, template=model.state_dict(), ctx=ctx).start()
     try:
         trained = ActorCritic(SPEC).to("cuda")
         with torch.no_grad():
             for p in trained.parameters():
                 p.zero_()
-        assert server.update_weights(trained) == 1
+        assert server.update_weights(trained, version=3) == 3
         client.request["observation"][:] = 1.0
         for _ in range(50):
             client.submit()
             out = client.wait(timeout=30)
-            if int(out["policy_version"][0]) == 1:
+            if int(out["policy_version"][0]) == 3:
                 break
-        assert int(out["policy_version"][0]) == 1
+        assert int(out["policy_version"][0]) == 3
         assert np.allclose(out["state_value"], 0.0)
     finally:
         server.shutdown()
 
 
-def test_collector_serves_the_policy_on_cuda_to_process_workers():
-    graph = GraphSpec("process", "slots", "process", num_envs=4, envs_per_worker=2, chunk_len=4)
+@pytest.mark.parametrize(("workers", "server"), [("thread", "thread"), ("thread", "process"), ("process", "thread"),
+                                                 ("process", "process")])
+def test_collector_serves_the_policy_on_cuda_in_every_placement(workers, server):
+    graph = GraphSpec(workers, "slots", server, num_envs=4, envs_per_worker=2, chunk_len=4)
     collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), ModelSpec("components.models.ActorCritic"), graph,
                                       frames_per_batch=64, total_frames=256, server_config=ServerConfig(device="cuda"))
     try:

@@ -37,7 +37,7 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
          f"hydra.run.dir={run_dir}"], cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "transport auto -> driver: env workers are threads" in result.stdout
+    assert "transport auto -> slots: every worker reaches the server" in result.stdout
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 3000 and summary["stop_reason"] == "total_frames"
     last = rows[-1]
@@ -48,8 +48,11 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
                 "episode/return_mean", "episode/length_mean"):
         assert key in last, key
     assert last["frames"] == 3000 and last["server/avg_batch_size"] == 8.0
+    assert all(r["collector/policy_lag_mean"] >= 0 for r in rows if "collector/policy_lag_mean" in r), \
+        "lag is never negative: version 0 is the initial weights"
+    assert sum(r["server/rows"] for r in rows) == last["server/rows_total"], "the rows are exact per interval"
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["frames"] == 3000 and checkpoint["version"] == len(range(0, 3000, 256))
+    assert checkpoint["frames"] == 3000 and checkpoint["policy_version"] == len(range(0, 3000, 256))
     assert set(checkpoint) >= {"model", "optimizer", "config", "model_spec"}
     assert checkpoint["config"]["trainer"]["total_frames"] == 3000
     assert _wandb_runs(run_dir), "an offline wandb run in the run directory"
@@ -90,7 +93,7 @@ def test_dqn_fills_replay_in_the_background_and_logs_replay_stats(tmp_path):
     assert 3072 - 8 * (3 - 1) <= last["replay/size"] <= 3072 and last["replay/sampled"] > 0
     assert "train/loss" in last and "train/epsilon" in last
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert {"model", "target", "optimizer"} <= set(checkpoint) and checkpoint["version"] > 0
+    assert {"model", "target", "optimizer"} <= set(checkpoint) and checkpoint["policy_version"] > 0
 
 
 def test_atari_dqn_keeps_its_disk_replay_in_the_run_directory(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.env_block import EnvBlock
+from components.collector.env_block import EnvBlock
 from components.envs import AtariEnvFactory, EnvConfigError, EnvSpec, GymEnvFactory, check_env_id, env_seeds
 
 

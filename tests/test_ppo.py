@@ -1,4 +1,4 @@
-"""PPO: advantages, stale-data filtering, and that it actually learns CartPole."""
+"""PPO: advantages, exact policy lag and stale-data filtering, and that it actually learns CartPole."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.collector.collector import AsyncBatchedCollector, GraphSpec
 from components.envs import EnvSpec, GymEnvFactory
 from components.episodes import EpisodeTracker
 from components.models import ActorCritic, ModelSpec
@@ -60,27 +59,60 @@ def _batch(n: int, versions: list[int]) -> TensorDict:
     }, batch_size=[n])
 
 
+def _updated(trainer: PPOTrainer, k: int) -> PPOTrainer:
+    """``k`` real updates, each on fresh data (stamped with the current version)."""
+    for _ in range(k):
+        version = trainer.policy_version
+        trainer.update(_batch(8, [version] * 8), frames=8 * (version + 1))
+        assert trainer.policy_version == version + 1
+    return trainer
+
+
+def test_data_from_the_current_weights_has_lag_zero():
+    trainer = PPOTrainer(ActorCritic(CARTPOLE), PPOConfig(epochs=1, total_frames=1000))
+    assert trainer.policy_version == 0, "version 0 is the initial weights"
+    metrics = trainer.update(_batch(8, [0] * 8), frames=8)
+    assert metrics["policy_lag_mean"] == 0 and metrics["policy_lag_max"] == 0
+    assert metrics["dropped_stale_frames"] == 0 and metrics["trained_frames"] == 8
+    assert trainer.policy_version == 1
+
+
+def test_lag_counts_updates_since_the_data_was_produced():
+    k = 3
+    trainer = _updated(PPOTrainer(ActorCritic(CARTPOLE), PPOConfig(epochs=1, total_frames=1000, max_policy_lag=5)), k)
+    metrics = trainer.update(_batch(8, [0] * 8), frames=8 * (k + 1))
+    assert metrics["policy_lag_mean"] == k and metrics["policy_lag_max"] == k
+
+
 def test_transitions_older_than_max_policy_lag_are_dropped_and_counted():
-    trainer = PPOTrainer(ActorCritic(CARTPOLE), PPOConfig(max_policy_lag=1, epochs=1, total_frames=1000))
-    trainer.version = 3
-    metrics = trainer.update(_batch(8, [0, 1, 2, 3, 0, 1, 2, 3]))
-    assert metrics["dropped_stale_frames"] == 4
-    assert metrics["trained_frames"] == 4
+    trainer = _updated(PPOTrainer(ActorCritic(CARTPOLE), PPOConfig(max_policy_lag=1, epochs=1, total_frames=1000)), 3)
+    metrics = trainer.update(_batch(8, [0, 1, 2, 3, 0, 1, 2, 3]), frames=32)
+    assert metrics["dropped_stale_frames"] == 4, "versions 0 and 1 are 3 and 2 updates old"
+    assert metrics["trained_frames"] == 4, "versions 2 and 3 (lag 1 and 0) are kept"
     assert metrics["policy_lag_max"] == 3
-    assert trainer.version == 4
+    assert trainer.policy_version == 4
+
+
+def test_lr_anneals_over_the_frames_collected_before_the_batch():
+    trainer = PPOTrainer(ActorCritic(CARTPOLE), PPOConfig(epochs=1, total_frames=32, lr=1e-3, anneal_lr=True))
+    assert trainer.update(_batch(8, [0] * 8), frames=8)["lr"] == pytest.approx(1e-3)
+    assert trainer.update(_batch(8, [1] * 8), frames=24)["lr"] == pytest.approx(0.5e-3)
 
 
 def test_an_update_moves_the_parameters():
     model = ActorCritic(CARTPOLE)
     before = [p.detach().clone() for p in model.parameters()]
     trainer = PPOTrainer(model, PPOConfig(epochs=2, minibatches=2, total_frames=1000))
-    metrics = trainer.update(_batch(16, [0] * 16))
+    metrics = trainer.update(_batch(16, [0] * 16), frames=16)
     assert all(np.isfinite(v) for v in metrics.values())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 @pytest.mark.timeout(180)
 def test_ppo_clearly_improves_cartpole_within_a_fixed_budget():
+    # imported here: the unit tests above do not need the collector graph
+    from components.collector.collector import AsyncBatchedCollector, GraphSpec
+
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -92,7 +124,7 @@ def test_ppo_clearly_improves_cartpole_within_a_fixed_budget():
         frames_per_batch=config.frames_per_batch, total_frames=config.total_frames, seed=0,
     )
     trainer = PPOTrainer(spec.build(collector.env_spec), config)
-    collector.update_policy_weights_(trainer.model)
+    collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     tracker, first, best = EpisodeTracker(20), None, 0.0
     try:
         for batch in collector:
@@ -100,8 +132,8 @@ def test_ppo_clearly_improves_cartpole_within_a_fixed_budget():
             if tracker.full:
                 first = tracker.mean_return if first is None else first
                 best = max(best, tracker.mean_return)
-            trainer.update(batch)
-            collector.update_policy_weights_(trainer.model)
+            trainer.update(batch, frames=collector.frames)
+            collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     finally:
         collector.shutdown()
         torch.set_num_threads(threads)

@@ -9,7 +9,7 @@ import torch
 from components.envs import EnvSpec
 from components.interaction import InteractionMode
 from components.models import ActorCritic
-from components.serving import NumpyActorCritic, TorchEngine, serving_engine
+from components.inference.serving import NumpyActorCritic, TorchEngine, serving_engine
 
 DISCRETE = EnvSpec((4,), "float32", "discrete", action_n=3)
 CONTINUOUS = EnvSpec((5,), "float32", "continuous", action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))

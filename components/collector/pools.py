@@ -11,7 +11,7 @@ from typing import Any
 
 from components.collector.chunks import ChunkWriter
 from components.collector.worker import WorkerControl, run_worker
-from components.env_block import EnvBlock
+from components.collector.env_block import EnvBlock
 from components.lifecycle import become_child, force_stop, limit_threads, on_main_thread, set_affinity
 
 
@@ -80,8 +80,9 @@ class ThreadWorkers:
 
     backend = "thread"
 
-    def __init__(self) -> None:
+    def __init__(self, affinity: list[int] | None = None) -> None:
         self._threads: list[threading.Thread] = []
+        self._affinity = affinity  # the driver's CPU mask for its own threads
 
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
               channels: Sequence[list[Any]], writers: Sequence[ChunkWriter], control: WorkerControl,
@@ -89,7 +90,8 @@ class ThreadWorkers:
         for a, worker_channels, writer in zip(assignments, channels, writers):
             thread = threading.Thread(
                 target=self._run,
-                args=(a.worker, _BlockMaker(factory, a), worker_channels, writer, control, mode, response_keys),
+                args=(self._affinity, a.worker, _BlockMaker(factory, a), worker_channels, writer, control, mode,
+                      response_keys),
                 name=f"env-worker-{a.worker}",
                 daemon=True,
             )
@@ -97,7 +99,8 @@ class ThreadWorkers:
             self._threads.append(thread)
 
     @staticmethod
-    def _run(*args: Any) -> None:
+    def _run(affinity: list[int] | None, *args: Any) -> None:
+        set_affinity(affinity)
         try:
             run_worker(*args)
         except BaseException:  # noqa: BLE001 - reported through control; the driver raises

@@ -8,7 +8,9 @@
 Every blocking wait is bounded so a worker always notices stop and pause
 requests. Time is split into env stepping, waiting for actions and waiting
 for a free chunk, which tells an env-bound run from an inference-bound or a
-trainer-bound one.
+trainer-bound one. Each worker also publishes what it is doing now
+(:data:`ACTIVITIES`) and when it last made progress, so a driver that waits
+in vain can say which worker waits on what.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.collector.chunks import ChunkWriter
-from components.env_block import NEXT_KEYS, EnvBlock
+from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.shm import FieldSpec, SharedArena
 
 _WAIT_S = 0.05
@@ -29,8 +31,13 @@ _ERROR_BYTES = 4096
 
 # Status codes of the control block.
 STARTING, RUNNING, FAILED, EXITED = 0, 1, 2, 3
-#: Columns of the per-worker timing table.
-TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames")
+#: Columns of the per-worker timing table (``rows_requested``: observation
+#: rows sent to the server, the worker-side count of what it must serve).
+TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames", "rows_requested")
+#: What a worker is doing now, by code (the ``activity`` column).
+ACTIVITIES = ("building its envs", "stepping envs", "waiting for actions from the inference server",
+              "waiting for a free chunk (the consumer holds them all)", "paused")
+BUILDING, STEPPING, WAITING_ACTIONS, WAITING_CHUNK, PAUSED = range(len(ACTIVITIES))
 
 
 class ActionChannel(Protocol):
@@ -54,6 +61,9 @@ class WorkerControl:
             FieldSpec("status", (num_workers,), "int8"),
             FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
             FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
+            FieldSpec("activity", (num_workers,), "int8"),
+            FieldSpec("heartbeat", (num_workers,), "float64"),
+            FieldSpec("reset_epoch", (1,), "int64"),
         ])
         self._bind()
 
@@ -61,6 +71,8 @@ class WorkerControl:
         a = self._arena
         self.stop, self.pause, self.paused = a.array("stop"), a.array("pause"), a.array("paused")
         self.status, self.timing = a.array("status"), a.array("timing")
+        self.activity, self.heartbeat = a.array("activity"), a.array("heartbeat")
+        self.reset_epoch = a.array("reset_epoch")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_arena": self._arena}
@@ -86,10 +98,12 @@ class _Stopped(Exception):
 
 
 def _park(worker: int, control: WorkerControl) -> None:
+    control.activity[worker] = PAUSED
     control.paused[worker] = 1
     while control.pause[0] and not control.stop[0]:
         time.sleep(0.005)
     control.paused[worker] = 0
+    control.heartbeat[worker] = time.monotonic()
 
 
 def run_worker(
@@ -107,6 +121,8 @@ def run_worker(
     (double-buffered sampling) one block steps while the server computes the
     other's actions, so the worker rarely waits for inference.
     """
+    control.activity[worker] = BUILDING
+    control.heartbeat[worker] = time.monotonic()
     try:
         blocks = make_blocks()
     except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
@@ -149,6 +165,7 @@ def _loop(
     response_keys: tuple[str, ...],
 ) -> None:
     stop, pause, timing = control.stop, control.pause, control.timing[worker]
+    activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
     clock = time.perf_counter
     spans, obs, first = [], [], 0
     for block, channel in zip(blocks, channels):
@@ -158,30 +175,42 @@ def _loop(
         obs.append(channel.request["observation"][:n])
         block.reset(obs[-1])
         channel.submit(n, mode)
+        timing[5] += n
     held: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
     chunk: dict[str, np.ndarray] | None = None
+    epoch = int(reset_epoch[0])
     t = 0
     while not stop[0]:
         if pause[0]:
             # Quiesce: collect every answer in flight, then park.
+            activity[worker] = WAITING_ACTIONS
             for i, channel in enumerate(channels):
                 if held[i] is None:
                     held[i] = _await(channel, stop)
             _park(worker, control)
             continue
         if chunk is None:
+            activity[worker] = WAITING_CHUNK
             started = clock()
             chunk = chunks.acquire(_WAIT_S)
             timing[2] += clock() - started
             if chunk is None:
                 continue  # re-check stop and pause
             t = 0
+        truncate = epoch != reset_epoch[0]  # reset_at_each_iter: a new batch began
+        if truncate:
+            epoch = int(reset_epoch[0])
         for i, (block, channel, span) in enumerate(zip(blocks, channels, spans)):
             n = span.stop - span.start
             started = clock()
-            response = held[i] if held[i] is not None else _await(channel, stop)
+            if held[i] is None:
+                activity[worker] = WAITING_ACTIONS
+                response = _await(channel, stop)
+            else:
+                response = held[i]
             held[i] = None
             waited = clock()
+            activity[worker] = STEPPING
             timing[1] += waited - started
             chunk["observation"][t, span] = obs[i]
             chunk["env_index"][t, span] = block.env_ids
@@ -189,10 +218,12 @@ def _loop(
             for key in response_keys:
                 chunk[key][t, span] = response[key][:n]
             row = {key: chunk[key][t, span] for key in NEXT_KEYS}
-            block.step(response["action"][:n], row, obs[i])
+            block.step(response["action"][:n], row, obs[i], truncate)
             channel.submit(n, mode)
             timing[0] += clock() - waited
             timing[4] += n
+            timing[5] += n
+        heartbeat[worker] = time.monotonic()
         timing[3] += 1
         t += 1
         if t == chunks.chunk_len:

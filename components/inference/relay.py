@@ -19,23 +19,20 @@ from components.inference.slots import SlotClient
 
 
 class UpstreamPolicy:
-    """Looks like a served model; forwards each batch to an upstream transport client."""
+    """Looks like a served model; forwards each batch through one upstream slot."""
 
     in_keys = ("observation",)
 
-    def __init__(self, upstream: Any, timeout: float = 60.0) -> None:
+    def __init__(self, upstream: SlotClient, timeout: float = 60.0) -> None:
         self._upstream = upstream
         self._timeout = timeout
 
     def act(self, inputs: dict[str, np.ndarray], modes: np.ndarray) -> dict[str, Any]:
         rows = modes.shape[0]
-        if isinstance(self._upstream, SlotClient):
-            for key, target in self._upstream.request.items():
-                target[:rows] = inputs[key]
-            self._upstream.modes[:rows] = modes
-            self._upstream.submit(rows)
-            response = self._upstream.wait(self._timeout)
-            # Views of the upstream slot: the relay copies them out before its next submit.
-            return {k: v[:rows] for k, v in response.items()}
-        future = self._upstream.submit(inputs, modes)
-        return dict(future.result(self._timeout))
+        for key, target in self._upstream.request.items():
+            target[:rows] = inputs[key]
+        self._upstream.modes[:rows] = modes
+        self._upstream.submit(rows)
+        response = self._upstream.wait(self._timeout)
+        # Views of the upstream slot: the relay copies them out before its next submit.
+        return {k: v[:rows] for k, v in response.items()}

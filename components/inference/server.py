@@ -1,301 +1,344 @@
-"""The inference server: batch whatever observations are ready, one forward, fan out.
+"""One inference server, run in a thread of the driver or in its own process.
 
-The serve loop is the same wherever it runs: :class:`InferenceServer` runs it
-in a thread of the driver, :mod:`components.inference.process_server` in a
-dedicated process. Environments never wait for a global barrier: the server
-takes the requests that are ready, keeps draining for up to ``timeout``
-seconds only while fewer than ``min_batch_size`` rows have arrived, and never
-takes more than ``max_batch_size`` rows.
+Both placements run the same ``_server_main``: build the policy (from a
+:class:`~components.models.ModelSpec` or a module) on the server device,
+apply the weights already published, report ready, serve the transport
+until told to stop. They share everything else too: weights arrive through
+:mod:`components.inference.weights`, statistics travel over a command pipe
+answered by a small thread (so the serve loop never pays for them), a
+failure is a message in a shared control block (:class:`ServerError` on
+the driver side), and the clients learn of the server's death from the
+transport's liveness pipe, which closes when the server ends however it
+ends. Only what cannot be shared differs: a process ties its life to the
+driver and sets its own torch threads and seed.
 """
 
 from __future__ import annotations
 
+import math
+import multiprocessing as mp
+import os
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from components.inference.stats import ServerStats, now
-from components.inference.transport import POLICY_VERSION, InferenceTransport, Pending
-from components.serving import serving_engine
+from components.inference.loop import ServeLoop, ServerConfig
+from components.inference.slots import SlotTransport
+from components.inference.stats import STAT_KEYS, ServerStats
+from components.inference.weights import shared_weights, state_of
+from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity
+from components.models import ModelSpec
+from components.shm import FieldSpec, SharedArena
+
+PLACEMENTS = ("thread", "process")
+_STARTING, _READY, _FAILED, _STOPPED = 0, 1, 2, 3
+_ERROR_BYTES = 4096
+#: Interval counters: what an already-read final snapshot resets to zero.
+_INTERVAL_COUNTERS = ("requests", "batches", "rows", "weight_updates")
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """Batching and placement of one inference server.
-
-    Attributes:
-        max_batch_size: most observation rows in one forward pass.
-        min_batch_size: rows to wait for (up to ``timeout``) before a pass.
-        timeout: seconds to keep draining while below ``min_batch_size``.
-        stats_window: batches the statistics window covers.
-        device: where the policy runs ("cpu", "cuda", "cuda:1", ...).
-        output_device: where responses are delivered (always host for shared slots).
-        num_threads: torch intra-op threads of a server process (None: leave as is).
-        seed: seed of the server's sampling RNG.
-        engine: "auto", "torch" or "numpy" (see :mod:`components.serving`).
-        static_batch_size: on CUDA, pad batches to this size and replay a
-            captured CUDA graph (None: plain eager forwards).
-    """
-
-    max_batch_size: int = 256
-    min_batch_size: int = 1
-    timeout: float = 0.002
-    stats_window: int = 256
-    device: str = "cpu"
-    output_device: str = "cpu"
-    num_threads: int | None = None
-    seed: int | None = None
-    engine: str = "auto"
-    static_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not 1 <= self.min_batch_size <= self.max_batch_size:
-            raise ValueError(
-                f"min_batch_size must be in [1, max_batch_size={self.max_batch_size}], got {self.min_batch_size}"
-            )
-        if self.timeout < 0:
-            raise ValueError(f"timeout must be >= 0, got {self.timeout}")
+class ServerError(RuntimeError):
+    """The inference server failed to start or died; the message says why."""
 
 
-def state_of(weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    return weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+def _control_block() -> SharedArena:
+    return SharedArena([
+        FieldSpec("status", (1,), "int8"),
+        FieldSpec("version", (1,), "int64"),
+        FieldSpec("error", (_ERROR_BYTES,), "uint8"),
+    ])
 
 
-def _concat(parts: list[Any]) -> Any:
-    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
+def _write_error(control: SharedArena, message: str) -> None:
+    data = message.encode("utf-8", "replace")[: _ERROR_BYTES - 1]
+    control.array("error")[:] = 0
+    control.array("error")[: len(data)] = np.frombuffer(data, np.uint8)
+    control.array("status")[0] = _FAILED
 
 
-class ServeLoop:
-    """The batching loop shared by thread and process servers.
+def _read_error(control: SharedArena) -> str:
+    return bytes(control.array("error")).split(b"\0", 1)[0].decode("utf-8", "replace")
 
-    ``weights_source`` (optional) is polled between batches: an object with
-    ``version`` and ``copy_into(model)``, e.g. shared-memory weights written
-    by a trainer in another process. ``on_version`` is told every version
-    the served model moves to.
-    """
 
-    _IDLE_WAIT_S = 0.05
-
-    def __init__(
-        self,
-        model: Any,
-        transport: InferenceTransport,
-        config: ServerConfig,
-        stats: ServerStats,
-        weights_source: Any = None,
-        on_version: Any = None,
-    ) -> None:
-        self.model = model
-        self.served = serving_engine(model, config.engine, config.device, config.output_device, config.seed,
-                                     config.static_batch_size)
-        self.transport = transport
-        self.config = config
-        self.stats = stats
-        self.version = 0
-        self.model_lock = threading.Lock()
-        self._weights_source = weights_source
-        self._on_version = on_version
-        self._versions: Any = None
-
-    def apply_weights(self, weights: Mapping[str, torch.Tensor], version: int | None = None) -> int:
-        """Copy ``weights`` into the served model between batches and bump the version."""
-        with self.model_lock, torch.no_grad():
-            own = self.model.state_dict()
-            for key, value in weights.items():
-                own[key].copy_(value, non_blocking=True)
-            self.version = self.version + 1 if version is None else version
-            self._published(self.version)
-            return self.version
-
-    def _published(self, version: int) -> None:
-        refresh = getattr(self.served, "refresh", None)
-        if refresh is not None:
-            refresh()
-        self.stats.record_weight_update(version)
-        if self._on_version is not None:
-            self._on_version(version)
-
-    def poll_weights(self) -> None:
-        source = self._weights_source
-        if source is not None and source.version != self.version:
-            with self.model_lock:
-                self.version = source.copy_into(self.model)
-                self._published(self.version)
-
-    def serve(self, stop: threading.Event) -> None:
-        cfg, transport = self.config, self.transport
-        while not stop.is_set():
-            self.poll_weights()
-            if not transport.wait_for_work(self._IDLE_WAIT_S):
-                continue
-            requests = transport.drain(cfg.max_batch_size)
-            if not requests:
-                continue
-            rows = sum(p.rows for p in requests)
-            if rows < cfg.min_batch_size:
-                requests, rows = self._top_up(requests, rows)
-            self.run_batch(requests, rows)
-
-    def _top_up(self, requests: list[Pending], rows: int) -> tuple[list[Pending], int]:
-        cfg, transport = self.config, self.transport
-        deadline = now() + cfg.timeout
-        while rows < cfg.min_batch_size:
-            left = deadline - now()
-            if left <= 0 or not transport.wait_for_work(left):
-                break
-            more = transport.drain(cfg.max_batch_size - rows)
-            if more and rows + sum(p.rows for p in more) > cfg.max_batch_size:
-                # drain() always hands over one whole request; it would overflow.
-                self.run_batch(requests, rows)
-                return more, sum(p.rows for p in more)
-            requests += more
-            rows += sum(p.rows for p in more)
-        return requests, rows
-
-    def _version_column(self, like: Any, n: int) -> Any:
-        """``n`` copies of the current version, as numpy or torch like ``like``."""
-        column = self._versions
-        if column is None or column.shape[0] < n or int(column[0]) != self.version or type(column) is not type(like):
-            size = max(n, 256)
-            if isinstance(like, np.ndarray):
-                column = np.full(size, self.version, np.int64)
-            else:
-                column = torch.full((size,), self.version, dtype=torch.int64, device=like.device)
-            self._versions = column
-        return column[:n]
-
-    def _forward(self, requests: list[Pending]) -> tuple[dict[str, Any], int]:
-        """Outputs for ``requests`` and the number of forward passes they took.
-
-        A block larger than ``max_batch_size`` rows is served in slices, so
-        no pass ever exceeds the configured batch size.
-        """
-        inputs, modes = self.transport.gather(requests)
-        step = self.config.max_batch_size
-        n = modes.shape[0]
-        with self.model_lock:
-            if n <= step:
-                out, passes = self.served.act(inputs, modes), 1
-            else:
-                parts = [self.served.act({k: v[i : i + step] for k, v in inputs.items()}, modes[i : i + step])
-                         for i in range(0, n, step)]
-                out, passes = {k: _concat([p[k] for p in parts]) for k in parts[0]}, len(parts)
-            if POLICY_VERSION not in out:  # a relay passes the upstream stamp through
-                out[POLICY_VERSION] = self._version_column(out["action"], n)
-        return out, passes
-
-    def run_batch(self, requests: list[Pending], rows: int) -> None:
-        start = now()
+def _serve_commands(conn: Any, stats: ServerStats, stop: threading.Event) -> None:
+    """Answer ``(seq, command, argument)`` requests until stopped or the driver is gone."""
+    while not stop.is_set():
         try:
-            out, passes = self._forward(requests)
-        except Exception as exc:  # noqa: BLE001 - delivered to the requesters
-            self._isolate_failure(requests, exc)
+            if not conn.poll(0.1):
+                continue
+            seq, command, argument = conn.recv()
+            if command == "stats":
+                conn.send((seq, stats.read(reset=bool(argument))))
+            elif command == "stop":
+                stop.set()
+        except (EOFError, OSError):  # the driver is gone
+            stop.set()
             return
-        end = now()
-        self.transport.resolve(requests, out)
-        self.stats.record_batch(start, end, rows, [p.submitted_at for p in requests], passes)
 
-    def _isolate_failure(self, requests: list[Pending], exc: Exception) -> None:
-        """A batch failed: serve its requests one by one so only the culprits get the error."""
-        if len(requests) == 1:
-            self.transport.resolve_exception(requests, exc)
-            return
-        for pending in requests:
-            try:
-                out, _ = self._forward([pending])
-            except Exception as single:  # noqa: BLE001
-                self.transport.resolve_exception([pending], single)
-            else:
-                self.transport.resolve([pending], out)
+
+def _server_main(
+    model: Any,
+    env_spec: Any,
+    transport: SlotTransport,
+    config: ServerConfig,
+    weights: Any,
+    control: SharedArena,
+    conn: Any,
+    version: int,
+    placement: str,
+    parent_pid: int,
+    from_main_thread: bool,
+    affinity: list[int] | None,
+) -> None:
+    if placement == "process":
+        become_child(parent_pid, from_main_thread)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
+    set_affinity(affinity)  # a thread's own mask on Linux; the whole process's otherwise
+    stop = threading.Event()
+    commands: threading.Thread | None = None
+    try:
+        net = model.build(env_spec) if isinstance(model, ModelSpec) else model
+        net = net.to(config.device).eval()
+        stats = ServerStats(config.stats_reservoir, seed=config.seed or 0, policy_version=version)
+        published = control.array("version")
+        published[0] = version
+
+        def on_version(v: int) -> None:
+            published[0] = v
+
+        loop = ServeLoop(net, transport, config, stats, weights_source=weights, on_version=on_version,
+                         version=version)
+        loop.poll_weights()  # weights pushed before we started act from the first request
+        commands = threading.Thread(target=_serve_commands, args=(conn, stats, stop), name="server-commands",
+                                    daemon=True)
+        commands.start()
+        control.array("status")[0] = _READY
+        loop.serve(stop)
+        control.array("status")[0] = _STOPPED
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver through the control block
+        _write_error(control, f"{type(exc).__name__}: {exc}")
+        if placement == "process":
+            raise SystemExit(1) from None
+    finally:
+        stop.set()
+        if placement == "thread":
+            # The clients' liveness pipe closes now, exactly as when a server process exits.
+            transport.release_liveness_handle()
+            if commands is not None:
+                commands.join(1.0)
+
+
+def _empty_interval(snapshot: dict[str, float]) -> dict[str, float]:
+    """A read-out final snapshot: counters of a new, empty interval; totals kept."""
+    out = dict(snapshot)
+    for key in STAT_KEYS:
+        if key in _INTERVAL_COUNTERS:
+            out[key] = 0
+        elif key.endswith(("_per_s",)):
+            out[key] = 0.0
+        elif not key.endswith("_total") and key not in ("policy_version", "interval_s"):
+            out[key] = math.nan
+    return out
 
 
 class InferenceServer:
-    """Serves a model to a transport's clients from a background thread.
+    """Serves a policy to a :class:`SlotTransport`'s clients from a thread or a process.
+
+    Args:
+        model: a :class:`ModelSpec` (built where the server runs; needs
+            ``env_spec``) or a module (pickled to a server process).
+        transport: the shared-slot transport the clients hold.
+        config: batching, device, engine, statistics.
+        env_spec: the env's spec, to build ``model`` from a spec.
+        placement: "thread" (a driver thread) or "process" (its own process).
+        policy_version: the version label of the initial weights.
+        ctx: a ``spawn`` multiprocessing context for a process placement.
+        template: a state dict with the weights' shapes (default: built).
+        affinity: CPUs for the server thread (thread placement) or process.
 
     Examples:
-        >>> from components.inference.thread_transport import ThreadTransport
+        >>> import threading
         >>> from components.envs import EnvSpec
-        >>> from components.models import ActorCritic
-        >>> model = ActorCritic(EnvSpec((4,), "float32", "discrete", action_n=2))
-        >>> transport = ThreadTransport()
-        >>> with InferenceServer(model, transport) as server:
-        ...     out = transport.client().submit({"observation": torch.zeros(3, 4)}).result(timeout=5)
-        >>> out["action"].shape, int(out["policy_version"][0])
-        (torch.Size([3]), 0)
+        >>> from components.inference.transport import derive_layout
+        >>> spec = EnvSpec((4,), "float32", "discrete", action_n=2)
+        >>> model = ModelSpec("components.models.ActorCritic")
+        >>> transport = SlotTransport(derive_layout(model.build(spec), spec.observation_field()),
+        ...                           num_slots=1, rows_per_slot=3, ctx=threading)
+        >>> client = transport.client()
+        >>> with InferenceServer(model, transport, env_spec=spec) as server:
+        ...     client.request["observation"][:] = 0.0
+        ...     client.submit()
+        ...     out = client.wait(timeout=10)
+        ...     stats = server.stats()
+        >>> out["action"].shape, int(out["policy_version"][0]), stats["rows"]
+        ((3,), 0, 3)
     """
-
-    backend = "thread"
 
     def __init__(
         self,
-        model: Any,
-        transport: InferenceTransport,
+        model: ModelSpec | torch.nn.Module,
+        transport: SlotTransport,
         config: ServerConfig | None = None,
         *,
-        weights_source: Any = None,
+        env_spec: Any = None,
+        placement: str = "thread",
+        policy_version: int = 0,
+        ctx: Any = None,
+        template: Mapping[str, torch.Tensor] | None = None,
+        affinity: list[int] | None = None,
     ) -> None:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        if isinstance(model, ModelSpec) and env_spec is None:
+            raise ValueError("building the policy from a ModelSpec needs env_spec")
         self.config = config or ServerConfig()
         self.transport = transport
-        self._stats = ServerStats(self.config.stats_window)
-        self._loop = ServeLoop(model, transport, self.config, self._stats, weights_source)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self.placement = placement
+        self._model, self._env_spec = model, env_spec
+        self._ctx = ctx or mp.get_context("spawn")
+        self._initial_version = int(policy_version)
+        if template is None:
+            template = (model.build(env_spec) if isinstance(model, ModelSpec) else model).state_dict()
+        lock_ctx = self._ctx if placement == "process" else threading
+        self._weights = shared_weights(template, self.config.device, lock_ctx)
+        self._control = _control_block()
+        self._control.array("version")[0] = self._initial_version
+        self._conn, self._child_conn = mp.Pipe()
+        self._conn_lock = threading.Lock()
+        self._request_seq = 0
+        self._runner: Any = None
+        self._affinity = affinity
+        self._last_stats: dict[str, float] | None = None
+        self._stopped = False
 
     @property
-    def model(self) -> Any:
-        return self._loop.model
+    def backend(self) -> str:
+        return self.placement
 
-    def start(self) -> InferenceServer:
-        if self._thread is not None:
+    def start(self, timeout: float = 120.0) -> InferenceServer:
+        """Start serving; wait until the policy is built and serving (or raise why not)."""
+        if self._runner is not None:
             return self
-        self._thread = threading.Thread(target=self._run, name="inference-server", daemon=True)
-        self._thread.start()
+        args = (self._model, self._env_spec, self.transport, self.config, self._weights, self._control,
+                self._child_conn, self._initial_version, self.placement, os.getpid(), on_main_thread(),
+                self._affinity)
+        if self.placement == "process":
+            self._runner = self._ctx.Process(target=_server_main, args=args, name="inference-server", daemon=True)
+            self._runner.start()
+            self._child_conn.close()
+            # From here on the liveness pipe closes exactly when the server process exits.
+            self.transport.release_liveness_handle()
+        else:
+            self._runner = threading.Thread(target=_server_main, args=args, name="inference-server", daemon=True)
+            self._runner.start()
+        deadline = time.monotonic() + timeout
+        status = self._control.array("status")
+        while status[0] == _STARTING and self._runner.is_alive():
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise ServerError(f"the inference server ({self.placement}) did not start within {timeout:.0f} s")
+            time.sleep(0.005)
+        if status[0] != _READY:
+            self._runner.join(1.0)
+            detail = self.error or "it exited"
+            self.shutdown()
+            raise ServerError(f"the inference server ({self.placement}) failed to start: {detail}")
         return self
-
-    def _run(self) -> None:
-        try:
-            self._loop.serve(self._stop)
-        except BaseException as exc:  # noqa: BLE001 - surfaced through is_alive/error
-            self._error = exc
-        finally:
-            self.transport.close()
-            release = getattr(self.transport, "release_liveness_handle", None)
-            if release is not None:
-                release()
 
     @property
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._runner is not None and self._runner.is_alive()
 
     @property
-    def error(self) -> BaseException | None:
-        return self._error
+    def error(self) -> str | None:
+        """Why the server failed (None while it is fine)."""
+        text = _read_error(self._control)
+        if text:
+            return text
+        code = getattr(self._runner, "exitcode", None)
+        if code not in (None, 0):
+            return f"its process exited with code {code}"
+        return None
 
     @property
     def policy_version(self) -> int:
-        return self._loop.version
+        """The version the server stamps on its responses now."""
+        return int(self._control.array("version")[0])
 
-    def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
-        """Swap in new parameters between two batches; returns the new version."""
-        return self._loop.apply_weights(state_of(weights))
+    @property
+    def published_version(self) -> int:
+        """The version of the latest weights handed to the server (applied before its next batch)."""
+        return self._weights.version if self._weights.seq else self._initial_version
 
-    def stats(self, reset: bool = False) -> dict[str, float]:
-        return self._stats.summary(reset=reset)
+    def update_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Publish weights labelled ``version`` (default: the last one + 1); returns the version."""
+        label = self.published_version + 1 if version is None else int(version)
+        self._weights.publish(state_of(weights), label)
+        return label
+
+    def stats(self, reset: bool = True, timeout: float = 2.0) -> dict[str, float]:
+        """Statistics since the last ``reset`` read (see :class:`ServerStats`).
+
+        A request that times out is not answered late into the next one:
+        replies carry the request's number, and stale ones are dropped.
+        When the server cannot answer (stopped or dead), the final snapshot
+        taken at shutdown is returned once, then empty intervals.
+        """
+        if not self.is_alive or self._stopped:
+            if self._last_stats is None:
+                return {}
+            out = self._last_stats
+            if reset:
+                self._last_stats = _empty_interval(out)
+            return dict(out)
+        with self._conn_lock:
+            self._request_seq += 1
+            seq = self._request_seq
+            try:
+                self._conn.send((seq, "stats", reset))
+                deadline = time.monotonic() + timeout
+                while self._conn.poll(max(0.0, deadline - time.monotonic())):
+                    got, payload = self._conn.recv()
+                    if got == seq:
+                        self._last_stats = _empty_interval(payload) if reset else payload
+                        return dict(payload)
+            except (EOFError, OSError):
+                pass
+        return dict(self._last_stats or {})
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop serving and fail every request still queued (idempotent)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        else:
-            self.transport.close()
+        """Stop serving (politely, then by force for a process); idempotent.
+
+        The final statistics are read first, so the last logged interval
+        still describes what was served.
+        """
+        if self._stopped:
+            return
+        runner = self._runner
+        if runner is None:
+            self._stopped = True
+            self.transport.release_liveness_handle()
+            self._conn.close()
+            return
+        if runner.is_alive():
+            self.stats(reset=False, timeout=1.0)
+            with self._conn_lock:
+                try:
+                    self._conn.send((0, "stop", None))
+                except (OSError, BrokenPipeError):
+                    pass
+            runner.join(timeout)
+        self._stopped = True
+        if self.placement == "process":
+            force_stop(runner)
+        self._conn.close()
 
     def __enter__(self) -> InferenceServer:
         return self.start()

@@ -8,10 +8,17 @@ with one gather per input field, and scatters the responses with one copy per
 output field before waking each owner through its own semaphore. Only those
 signals cross processes on the hot path.
 
+It is the one request/response path of every placement: ``ctx`` supplies
+the semaphores and the lock, the ``threading`` module when workers and
+server are threads of one process, a ``spawn`` multiprocessing context when
+either side is a process (as :class:`~components.collector.chunks.ChunkPool`
+takes it). The banks are shared memory either way.
+
 Liveness: the server side holds the write end of a pipe nobody writes to.
-When the server goes away, however it dies, the kernel closes that end and a
-waiting client sees end-of-file on its next check (every 0.1 s), so it fails
-with :class:`ServerDiedError` instead of hanging.
+When the server goes away, however it dies (a process killed, a server
+thread ended by an error), that end is closed and a waiting client sees
+end-of-file on its next check (every 0.1 s), so it fails with
+:class:`ServerDiedError` instead of hanging.
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ class SlotTransport(InferenceTransport):
     Create it in the driver before spawning anything, hand one
     :meth:`client` to each worker process (as a ``Process`` argument), and
     serve it from an :class:`~components.inference.server.InferenceServer`
-    in a thread or a dedicated process.
+    in a thread or a dedicated process. With ``ctx=threading`` (everything
+    in one process) nothing is pickled; clients are used by threads.
 
     Examples:
         >>> from components.shm import FieldSpec
@@ -97,7 +105,8 @@ class SlotTransport(InferenceTransport):
         self._doorbell = ctx.Semaphore(0)
         self._lock = ctx.Lock()
         self._wakeups = [ctx.Semaphore(0) for _ in range(num_slots)]
-        self._alive_reader, self._alive_writer = ctx.Pipe(duplex=False)
+        # An OS pipe works between threads and between processes alike.
+        self._alive_reader, self._alive_writer = mp.Pipe(duplex=False)
         self._next_client = 0
         self._next_slot = 0
         self._server_views: dict[str, Any] | None = None
@@ -114,8 +123,8 @@ class SlotTransport(InferenceTransport):
         """Drop this process's write end of the liveness pipe.
 
         Call it in the driver once a server *process* holds its own copy;
-        from then on the pipe closes exactly when that server exits. A thread
-        server calls it at shutdown.
+        from then on the pipe closes exactly when that server exits. A server
+        thread calls it when it ends, for whatever reason.
         """
         if self._alive_writer is not None:
             self._alive_writer.close()
@@ -169,7 +178,7 @@ class SlotTransport(InferenceTransport):
         # Doorbells of requests swept together with another one are stale
         # now; consume them so the next wait does not spin on them.
         for _ in range(count - 1):
-            self._doorbell.acquire(block=False)
+            self._doorbell.acquire(False)  # positional: threading and mp spell the keyword differently
         return [Pending(s, r, t) for s, r, t in zip(slots, rows[:count].tolist(), stamps.tolist())]
 
     @staticmethod

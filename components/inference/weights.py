@@ -1,10 +1,14 @@
-"""Policy weights shared with an inference process, stamped with a version.
+"""Policy weights shared with an inference server, labelled with the trainer's version.
 
-The trainer publishes into one shared arena under a process lock and bumps
-``version``; the server polls ``version`` between batches (one shared
-integer read) and copies the weights in under the same lock, so it never
-sees half of an update. Weights published before the server started are
-simply there when it first looks.
+The trainer publishes into one shared arena under a lock: the tensors, the
+``version`` label it chose (the trainer owns the policy version; 0 is the
+initial weights) and a publish counter ``seq``. The server polls ``seq``
+between batches (one shared integer read) and copies the weights in under
+the same lock, so it never sees half of an update. Why a counter besides
+the label: the initial weights are published with version 0, the version a
+server already starts at; only the counter tells the server they are new.
+The same object serves a server thread (``ctx=threading``) and a server
+process (a ``spawn`` context), so both placements take weights one way.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from components.shm import FieldSpec, SharedArena
@@ -22,27 +25,33 @@ def _numpy_dtype(dtype: torch.dtype) -> str:
     return str(torch.empty((), dtype=dtype).numpy().dtype)
 
 
+def state_of(weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """The state dict of a module, or the mapping itself."""
+    return weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+
+
 class SharedWeights:
-    """A versioned copy of a state dict in shared memory.
+    """A versioned copy of a state dict in shared host memory.
 
     Examples:
         >>> w = SharedWeights({"a": torch.zeros(3)}, ctx=__import__("threading"))
-        >>> w.publish({"a": torch.ones(3)})
+        >>> w.publish({"a": torch.ones(3)}, version=0)
         1
         >>> target = torch.nn.Module(); target.register_buffer("a", torch.zeros(3))
         >>> w.copy_into(target), target.a.tolist()
-        (1, [1.0, 1.0, 1.0])
+        ((0, 1), [1.0, 1.0, 1.0])
     """
 
     def __init__(self, template: Mapping[str, torch.Tensor], ctx: Any) -> None:
         fields = [FieldSpec("w." + k, tuple(v.shape), _numpy_dtype(v.dtype)) for k, v in template.items()]
-        fields.append(FieldSpec("version", (1,), "int64"))
+        fields += [FieldSpec("seq", (1,), "int64"), FieldSpec("version", (1,), "int64")]
         self._arena = SharedArena(fields)
         self._keys = list(template.keys())
         self._lock = ctx.Lock()
         self._bind()
 
     def _bind(self) -> None:
+        self._seq = self._arena.array("seq")
         self._version = self._arena.array("version")
         self._tensors: dict[str, torch.Tensor] | None = None
 
@@ -59,11 +68,17 @@ class SharedWeights:
         return self._tensors
 
     @property
+    def seq(self) -> int:
+        """How many times weights were published (0: never)."""
+        return int(self._seq[0])
+
+    @property
     def version(self) -> int:
+        """The version label of the latest published weights."""
         return int(self._version[0])
 
-    def publish(self, weights: Mapping[str, torch.Tensor]) -> int:
-        """Write a full state dict and bump the version; returns the new version."""
+    def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> int:
+        """Write a full state dict labelled ``version``; returns the publish count."""
         views = self._views()
         missing = set(views) - set(weights)
         if missing:
@@ -71,17 +86,18 @@ class SharedWeights:
         with self._lock, torch.no_grad():
             for key, view in views.items():
                 view.copy_(weights[key].detach().to("cpu"))
-            self._version[0] += 1
-            return int(self._version[0])
+            self._version[0] = int(version)
+            self._seq[0] += 1
+            return int(self._seq[0])
 
-    def copy_into(self, model: torch.nn.Module) -> int:
-        """Load the latest published weights into ``model``; returns their version."""
+    def copy_into(self, model: torch.nn.Module) -> tuple[int, int]:
+        """Load the latest published weights into ``model``; returns their (version, seq)."""
         views = self._views()
         with self._lock, torch.no_grad():
             own = model.state_dict()
             for key, view in views.items():
                 own[key].copy_(view, non_blocking=True)
-            return int(np.asarray(self._version[0]))
+            return int(self._version[0]), int(self._seq[0])
 
 
 class CudaSharedWeights:
@@ -91,16 +107,20 @@ class CudaSharedWeights:
     memory would cost two PCIe transfers; instead the driver owns one device
     copy of the state dict whose IPC handles the server process opens once
     (the tensors travel as ``Process`` arguments). Publishing is a
-    device-to-device copy plus a version bump, under the same kind of process
-    lock as :class:`SharedWeights`.
+    device-to-device copy plus the version label and counter, under the same
+    kind of lock as :class:`SharedWeights`.
     """
 
     def __init__(self, template: Mapping[str, torch.Tensor], device: str, ctx: Any) -> None:
         import torch.multiprocessing  # noqa: F401 - registers the CUDA-IPC pickling of tensors
 
         self._tensors = {k: v.detach().to(device).clone() for k, v in template.items()}
-        self._arena = SharedArena([FieldSpec("version", (1,), "int64")])
+        self._arena = SharedArena([FieldSpec("seq", (1,), "int64"), FieldSpec("version", (1,), "int64")])
         self._lock = ctx.Lock()
+        self._bind()
+
+    def _bind(self) -> None:
+        self._seq = self._arena.array("seq")
         self._version = self._arena.array("version")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -108,24 +128,36 @@ class CudaSharedWeights:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._version = self._arena.array("version")
+        self._bind()
+
+    @property
+    def seq(self) -> int:
+        return int(self._seq[0])
 
     @property
     def version(self) -> int:
         return int(self._version[0])
 
-    def publish(self, weights: Mapping[str, torch.Tensor]) -> int:
+    def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> int:
         with self._lock, torch.no_grad():
             for key, tensor in self._tensors.items():
                 tensor.copy_(weights[key].detach(), non_blocking=True)
             torch.cuda.current_stream(next(iter(self._tensors.values())).device).synchronize()
-            self._version[0] += 1
-            return int(self._version[0])
+            self._version[0] = int(version)
+            self._seq[0] += 1
+            return int(self._seq[0])
 
-    def copy_into(self, model: torch.nn.Module) -> int:
+    def copy_into(self, model: torch.nn.Module) -> tuple[int, int]:
         with self._lock, torch.no_grad():
             own = model.state_dict()
             for key, tensor in self._tensors.items():
                 own[key].copy_(tensor, non_blocking=True)
             torch.cuda.current_stream(tensor.device).synchronize()
-            return int(self._version[0])
+            return int(self._version[0]), int(self._seq[0])
+
+
+def shared_weights(template: Mapping[str, torch.Tensor], device: str, ctx: Any) -> SharedWeights | CudaSharedWeights:
+    """The weight channel for a policy on ``device`` (CUDA IPC on a GPU, shared host memory otherwise)."""
+    if torch.device(device).type == "cuda":
+        return CudaSharedWeights(template, device, ctx)
+    return SharedWeights(template, ctx)

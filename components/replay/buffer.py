@@ -54,9 +54,13 @@ class ReplayBuffer:
         beta: the initial importance-sampling exponent.
         beta_steps: sample calls over which beta reaches 1.
         eps: added to ``|td error|`` so no item's priority is 0.
-        max_policy_lag: with a ``policy_version`` passed to :meth:`sample`,
-            items whose ``version_key`` field is older than
-            ``policy_version - max_policy_lag`` are never returned.
+        max_policy_lag: with a ``policy_version`` passed to :meth:`sample`
+            (the trainer's exact version, see
+            :class:`components.trainers.base.Trainer`), only items at most
+            ``max_policy_lag`` versions old are returned: an item stamped
+            ``v`` has lag ``policy_version - v``, and items with
+            ``v < policy_version - max_policy_lag`` are never returned
+            (0: only data from the current weights).
         seed: seeds the buffer's own generator (part of :meth:`state_dict`).
         max_attempts: redraw rounds before the exact fallback pass.
         version_key: the stored field holding each item's policy version.
@@ -65,7 +69,7 @@ class ReplayBuffer:
         >>> from components.replay.storage import TensorStorage
         >>> rb = ReplayBuffer(TensorStorage(100), sampler="prioritized", max_policy_lag=2, seed=0)
         >>> _ = rb.extend(TensorDict({"x": torch.arange(8.0), "policy_version": torch.arange(8) // 2}, [8]))
-        >>> batch = rb.sample(16, policy_version=5)           # only versions >= 3: x in {6, 7}
+        >>> batch = rb.sample(16, policy_version=5)           # lag <= 2: versions >= 3, x in {6, 7}
         >>> sorted(set(batch["x"].tolist())), batch["weight"].dtype
         ([6.0, 7.0], torch.float32)
         >>> rb.update_priorities(batch["index"], torch.zeros(16))

@@ -1,18 +1,23 @@
 """Double DQN from a replay buffer, read top to bottom like CleanRL's ``dqn.py``.
 
-One :meth:`DQNTrainer.update` is one gradient step on a sampled batch:
+One :meth:`DQNTrainer.learn` is one gradient step on a sampled batch:
 n-step targets from the target network (the online network picks the next
 action, the target network values it), a Huber loss weighted by the
 replay's importance weights, and the absolute TD errors returned as new
-priorities. The exploration rate lives in the network (a buffer), so it
-reaches the inference server together with the weights.
+priorities. One :meth:`DQNTrainer.update` is what follows each collected
+batch: ``updates_per_batch`` such steps on samples from the replay buffer,
+then the exploration rate for the frames collected so far. The exploration
+rate lives in the network (a buffer), so it reaches the inference server
+together with the weights, under the next policy version.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -53,12 +58,24 @@ class DQNConfig(RunBudget):
 class DQNTrainer:
     """Owns the online and target Q-networks and the optimiser.
 
-    ``version`` counts weight pushes (the runner pushes once per collected
-    batch); it is what the inference server stamps and what the replay's
-    policy-age filter compares against.
+    Implements :class:`components.trainers.base.Trainer` (off-policy).
+    :attr:`policy_version` is 0 for the initial weights and grows by one per
+    :meth:`update`, since every update changes the pushed network (its
+    weights or at least its exploration rate). The replay's policy-age filter
+    compares stored versions against it.
+
+    ``config`` or the hyper-parameters as keywords (``DQNTrainer(model, lr=1e-3)``,
+    how Hydra builds it from the trainer node), not both.
     """
 
-    def __init__(self, model: nn.Module, config: DQNConfig, *, device: str = "cpu") -> None:
+    on_policy: ClassVar[bool] = False
+
+    def __init__(self, model: nn.Module, config: DQNConfig | None = None, *, device: str = "cpu",
+                 policy_version: int = 0, **hyper: Any) -> None:
+        if config is None:
+            config = DQNConfig(**hyper)
+        elif hyper:
+            raise TypeError(f"DQNTrainer: pass config or hyper-parameters, not both (got {sorted(hyper)})")
         self.config = config
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -67,9 +84,14 @@ class DQNTrainer:
             p.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
         self.updates = 0
-        self.version = 0
+        self._version = int(policy_version)  # the label of the initial weights (0 unless resumed)
         self.frames = 0
         self.set_exploration(0)
+
+    @property
+    def policy_version(self) -> int:
+        """Calls of :meth:`update` so far: the version of :attr:`model` (0 = initial)."""
+        return self._version
 
     def epsilon_at(self, frames: int) -> float:
         """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_fraction`` of the budget."""
@@ -88,16 +110,44 @@ class DQNTrainer:
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "target": self.target.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "version": self.version, "frames": self.frames}
+                "policy_version": self._version, "frames": self.frames}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.updates, self.version, self.frames = int(state["updates"]), int(state["version"]), int(state["frames"])
+        self.updates, self._version, self.frames = (int(state["updates"]), int(state["policy_version"]),
+                                                    int(state["frames"]))
 
-    def update(self, sample: Any) -> tuple[dict[str, float], torch.Tensor]:
-        """One gradient step; returns metrics and |TD error| per sample (new priorities)."""
+    def update(self, buffer: Any, *, frames: int) -> dict[str, float]:
+        """Learn after one collected batch; ``frames`` collected so far set the exploration rate.
+
+        Once the buffer holds ``learning_starts`` transitions: ``updates_per_batch``
+        calls of :meth:`learn`, each on a sample the buffer's policy-age filter
+        admits for the current version, feeding |TD error| back as priorities
+        when the buffer is prioritized. Always: the new exploration rate and
+        one version more (the runner pushes the network after every call).
+        Returns the mean metrics of the steps plus ``epsilon``.
+        """
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        if len(buffer) >= cfg.learning_starts:
+            prioritized = getattr(buffer, "sampler", "uniform") == "prioritized"
+            sums: dict[str, float] = defaultdict(float)
+            for _ in range(cfg.updates_per_batch):
+                sample = buffer.sample(cfg.batch_size, policy_version=self._version)
+                row, td_abs = self.learn(sample)
+                if prioritized:
+                    buffer.update_priorities(sample["index"], td_abs)
+                for key, value in row.items():
+                    sums[key] += value
+            metrics = {key: total / cfg.updates_per_batch for key, total in sums.items()}
+        metrics["epsilon"] = self.set_exploration(frames)
+        self._version += 1
+        return metrics
+
+    def learn(self, sample: Any) -> tuple[dict[str, float], torch.Tensor]:
+        """One gradient step on ``sample``; returns metrics and |TD error| per sample (new priorities)."""
         cfg = self.config
         dev = self.device
         obs = sample["observation"].to(dev)

@@ -12,12 +12,17 @@ asynchronous collection needs:
   no extra forward pass over the batch is needed. Only where a trajectory
   is cut (a time-limit truncation, or the end of an env's run inside this
   batch) is the successor's value computed, with the current network.
+
+Policy lag is exact: the trainer owns the version (see
+:mod:`components.trainers.base`), starting at 0 for the initial weights, so a
+transition stamped with version ``v`` has lag ``policy_version - v``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -81,28 +86,45 @@ def gae(
 
 
 class PPOTrainer:
-    """Owns the learner's model and optimiser; one :meth:`update` per batch.
+    """Owns the learner's model and optimiser; one :meth:`update` per collected batch.
 
-    ``version`` counts updates; the runner pushes the weights after each
-    one, so it is the version the inference server will stamp next.
+    Implements :class:`components.trainers.base.Trainer` (on-policy).
+    :attr:`policy_version` is 0 for the initial weights and grows by one with
+    every update that changes them; the runner pushes the weights with that
+    version, so the server stamps it on the actions they produce.
+
+    ``config`` or the hyper-parameters as keywords (``PPOTrainer(model, lr=1e-3)``,
+    how Hydra builds it from the trainer node), not both.
     """
 
-    def __init__(self, model: nn.Module, config: PPOConfig, *, device: str = "cpu") -> None:
+    on_policy: ClassVar[bool] = True
+
+    def __init__(self, model: nn.Module, config: PPOConfig | None = None, *, device: str = "cpu",
+                 policy_version: int = 0, **hyper: Any) -> None:
+        if config is None:
+            config = PPOConfig(**hyper)
+        elif hyper:
+            raise TypeError(f"PPOTrainer: pass config or hyper-parameters, not both (got {sorted(hyper)})")
         self.model = model.to(device)
         self.config = config
         self.device = torch.device(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
-        self.version = 0
+        self._version = int(policy_version)  # the label of the initial weights (0 unless resumed)
         self.frames = 0
+
+    @property
+    def policy_version(self) -> int:
+        """Updates applied so far: the version of :attr:`model`'s weights (0 = initial)."""
+        return self._version
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "version": self.version, "frames": self.frames}
+                "policy_version": self._version, "frames": self.frames}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.version, self.frames = int(state["version"]), int(state["frames"])
+        self._version, self.frames = int(state["policy_version"]), int(state["frames"])
 
     def _advantages(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
@@ -130,12 +152,19 @@ class PPOTrainer:
         adv_t = torch.from_numpy(adv).float()
         return adv_t, adv_t + torch.from_numpy(values).float()
 
-    def update(self, batch: Any) -> dict[str, float]:
-        """One PPO update on ``batch``; returns training metrics."""
+    def update(self, batch: Any, *, frames: int) -> dict[str, float]:
+        """One PPO update on ``batch``, from loss to optimiser step; returns training metrics.
+
+        ``frames`` is the number collected so far, this batch included; the
+        learning rate anneals over the frames collected before it, as in
+        CleanRL. Rows more than ``max_policy_lag`` versions old are dropped
+        first. The version grows by one if the weights were updated (not when
+        fewer than two rows are left).
+        """
         cfg = self.config
-        progress = self.frames / cfg.total_frames if cfg.total_frames > 0 else 0.0
-        self.frames += batch.numel()
-        lag = self.version - batch["policy_version"]
+        progress = max(0, frames - batch.numel()) / cfg.total_frames if cfg.total_frames > 0 else 0.0
+        self.frames = frames
+        lag = self._version - batch["policy_version"]
         keep = lag <= cfg.max_policy_lag
         metrics: dict[str, float] = {
             "policy_lag_mean": float(lag.float().mean()),
@@ -194,7 +223,7 @@ class PPOTrainer:
                 self.optimizer.step()
             if cfg.target_kl is not None and float(torch.stack(approx_kls[-cfg.minibatches:]).mean()) > cfg.target_kl:
                 break
-        self.version += 1
+        self._version += 1
         var_y = returns.var()
         explained = float(1 - (returns - old_values).var() / var_y) if var_y > 0 else float("nan")
         metrics.update(

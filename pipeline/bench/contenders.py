@@ -70,7 +70,7 @@ def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str
 
 def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
     """``ours:workers/transport/server/chunking`` -> a GraphSpec (the plan's rules for auto)."""
-    from components.collector.collector import GraphSpec
+    from components.collector.graph import GraphSpec
     from pipeline.plan import AUTO_MIN_TRANSITIONS
 
     from pipeline.plan import auto_envs_per_worker
@@ -91,7 +91,7 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
 
 def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
     from components.collector.collector import AsyncBatchedCollector
-    from components.inference.server import ServerConfig
+    from components.inference.loop import ServerConfig
 
     frames_per_batch = int(workload["frames_per_batch"])
     graph = ours_graph(name, workload, num_envs, frames_per_batch)
@@ -129,7 +129,7 @@ def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float,
 
 
 def _engine(workload: dict[str, Any], env_spec: Any) -> Any:
-    from components.serving import serving_engine
+    from components.inference.serving import serving_engine
 
     model = _model_spec(workload).build(env_spec).eval()
     return serving_engine(model, "auto", "cpu", seed=0)

@@ -21,8 +21,8 @@ from typing import Any
 from pipeline.bench.contenders import CPUS, trial_main
 
 OURS = [
-    "ours:thread/driver/thread/auto",
-    "ours:thread/driver/process/auto",
+    "ours:thread/slots/thread/auto",
+    "ours:thread/slots/process/auto",
     "ours:process/driver/thread/auto",
     "ours:process/driver/thread/step",
     "ours:process/driver/process/auto",

@@ -100,6 +100,7 @@ class EnvBlock:
         actions: np.ndarray,
         rows: Mapping[str, np.ndarray],
         obs_out: np.ndarray,
+        truncate: bool = False,
     ) -> None:
         """Step every env once.
 
@@ -107,6 +108,9 @@ class EnvBlock:
         env) and the observations the policy must act on next into
         ``obs_out``: the successor, or the first observation of a new episode
         where one ended (``rows["next.observation"]`` keeps the final one).
+        ``truncate`` ends every episode after this step, as a time limit
+        would (``reset_at_each_iter``): the transition is marked truncated,
+        so learners bootstrap it instead of chaining it to the next one.
         """
         next_obs = rows["next.observation"]
         acts = actions.tolist() if self._discrete else np.clip(actions, self._low, self._high)
@@ -118,6 +122,7 @@ class EnvBlock:
             obs, reward, term, trunc, _ = env.step(acts[i])
             next_obs[i] = obs
             rewards[i] = reward
+            trunc = trunc or (truncate and not term)
             if term or trunc:
                 terminated[i] = term
                 truncated[i] = trunc

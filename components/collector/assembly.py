@@ -1,0 +1,130 @@
+"""Turning completed chunks into the batches a trainer consumes.
+
+:class:`BatchAssembler` builds dense batches of exactly ``n`` transitions
+from whole chunks (one copy per field; a run of full-width chunks is one
+gather), splitting a chunk only where a batch ends and carrying its rest, in
+order, into the next batch. :class:`TrajectoryAssembler` regroups such
+batches into whole finished trajectories for trainers that want episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from components.collector.chunks import ChunkPool
+
+
+def nest(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``{"next.reward": t}`` -> ``{"next": {"reward": t}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+class BatchAssembler:
+    """Exact batches out of a chunk pool; ``next_chunk`` blocks for the next complete chunk id."""
+
+    def __init__(self, pool: ChunkPool, next_chunk: Callable[[], int]) -> None:
+        self._pool = pool
+        self._next_chunk = next_chunk
+        self._carry: tuple[int, int] | None = None  # (chunk, first frame not yet delivered)
+
+    def next_batch(self, n: int) -> dict[str, torch.Tensor]:
+        """Flat field tensors of the next ``n`` transitions, in arrival order per chunk."""
+        pool = self._pool
+        segments: list[tuple[int, int, int]] = []  # (chunk, first frame, frames taken)
+        filled = 0
+        while filled < n:
+            if self._carry is not None:
+                (gid, start), self._carry = self._carry, None
+            else:
+                gid, start = self._next_chunk(), 0
+            available = pool.frames_in(gid) - start
+            take = min(available, n - filled)
+            segments.append((gid, start, take))
+            filled += take
+            if take < available:
+                self._carry = (gid, start + take)
+        out = {f.name: torch.empty((n, *f.shape), dtype=getattr(torch, f.dtype)) for f in pool.fields}
+        pos, i = 0, 0
+        while i < len(segments):
+            j = i
+            while j < len(segments) and self._whole(segments[j]):
+                j += 1
+            if j - i >= 2:
+                pos += pool.gather_into([s[0] for s in segments[i:j]], out, pos)
+                i = j
+                continue
+            gid, start, take = segments[i]
+            for key, view in pool.flat(gid).items():
+                out[key][pos : pos + take] = view[start : start + take]
+            pos += take
+            i += 1
+        for gid, _, _ in segments:
+            if self._carry is None or self._carry[0] != gid:
+                pool.release(gid)
+        return out
+
+    def _whole(self, segment: tuple[int, int, int]) -> bool:
+        gid, start, take = segment
+        return start == 0 and take == self._pool.frames_in(gid) and self._pool.full_width(gid)
+
+
+class TrajectoryAssembler:
+    """Whole finished trajectories, at least ``min_frames`` transitions per yield.
+
+    Transitions are kept per env until that env's episode ends (``done``);
+    finished trajectories queue up and leave together once they hold
+    ``min_frames`` transitions, each one contiguous and in step order.
+    Unfinished trajectories stay here (in host memory, bounded by episode
+    length times envs) and are dropped when collection ends.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> done = torch.tensor([False, False, True, False, True, False])
+        >>> batch = TensorDict({"env_index": torch.tensor([0, 1, 0, 1, 1, 0]),
+        ...                     "env_step": torch.tensor([0, 0, 1, 1, 2, 2]),
+        ...                     "next": {"done": done}}, [6])
+        >>> out = TrajectoryAssembler(min_frames=4).add(batch)
+        >>> out["env_index"].tolist(), out["env_step"].tolist()
+        ([0, 0, 1, 1, 1], [0, 1, 0, 1, 2])
+    """
+
+    def __init__(self, min_frames: int) -> None:
+        self.min_frames = min_frames
+        self._open: dict[int, list[Any]] = {}
+        self._finished: list[Any] = []
+        self._finished_frames = 0
+
+    def add(self, batch: Any) -> Any | None:
+        """Take in a batch; return the finished trajectories once there are enough, else None."""
+        env = batch["env_index"].numpy()
+        done = batch["next", "done"].numpy()
+        for e in np.unique(env):
+            rows = np.flatnonzero(env == e)
+            ends = rows[done[rows]]
+            first = 0
+            for end in ends:
+                part = rows[first : int(np.searchsorted(rows, end)) + 1]
+                pieces = self._open.pop(int(e), [])
+                pieces.append(batch[torch.from_numpy(part)])
+                trajectory = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+                self._finished.append(trajectory)
+                self._finished_frames += trajectory.numel()
+                first = len(part) + first
+            if first < len(rows):
+                self._open.setdefault(int(e), []).append(batch[torch.from_numpy(rows[first:])])
+        if self._finished_frames < self.min_frames:
+            return None
+        out = torch.cat(self._finished)
+        self._finished, self._finished_frames = [], 0
+        return out
