@@ -157,13 +157,6 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
             else:
                 why += f"; server stays a driver thread: policy_device={policy_device} cannot be shared with a process"
         reasons.append(("transport", why))
-    elif transport == "driver" and workers == "thread":
-        transport = "slots"
-        reasons.append(("transport", "driver -> slots: thread workers are already in the driver and use the "
-                                     "server's slots directly"))
-    elif transport == "driver":
-        reasons.append(("transport", "driver: a driver relay thread batches the worker processes' ready blocks "
-                                     "into one request to the server"))
     else:
         reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
 
@@ -214,7 +207,6 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
 
     graph = GraphSpec(
         workers=workers,
-        transport=transport,
         server=server,
         num_envs=num_envs,
         envs_per_worker=per_worker,

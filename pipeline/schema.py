@@ -61,7 +61,7 @@ class WorkersSchema:
 
 @dataclass
 class TransportSchema:
-    #: auto, slots (workers reach the server's shared slots) or driver (a driver relay thread batches process workers)
+    #: auto or slots: every worker reaches the server's shared-memory slots (auto also places the server)
     kind: str = "auto"
 
 
@@ -111,7 +111,7 @@ class CollectorSchema:
     reset_at_each_iter: bool = False
     #: dotted path of a callable run on every batch before replay or the trainer (null: none)
     post_collect_hook: str | None = None
-    #: CPUs for the driver-side threads: server and relay threads, thread workers, replay writer (null: any)
+    #: CPUs for the driver-side threads: server thread, thread workers, replay writer (null: any)
     driver_affinity: list[int] | None = None
     #: version label of the initial weights (the trainer counts on from it)
     policy_version: int = 0

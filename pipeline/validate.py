@@ -151,7 +151,7 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
                     f"workers.affinity={[list(a) for a in affinity]!r}: every set must be non-empty and "
                     f"within the usable CPUs {sorted(usable)}"
                 )
-    _one_of(cfg, "transport.kind", ("auto", "driver", "slots"))
+    _one_of(cfg, "transport.kind", ("auto", "slots"))
     _one_of(cfg, "server.backend", ("thread", "process"))
     for key in ("server.max_batch_size", "server.min_batch_size", "server.stats_reservoir", "server.num_threads"):
         _check(cfg, key, *positive)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 
 #: Thread names the project starts; none may outlive a test.
-_OUR_THREADS = ("env-worker", "inference-server", "driver-relay", "server-commands", "replay-writer")
+_OUR_THREADS = ("env-worker", "inference-server", "server-commands", "replay-writer")
 
 
 def _our_threads() -> list[threading.Thread]:

@@ -21,9 +21,9 @@ WORKLOAD = {
 
 def test_contender_names_map_to_graphs_with_the_pipelines_rules():
     g = ours_graph("ours:process/slots/process/auto", WORKLOAD, 64, 4096)
-    assert (g.workers, g.transport, g.server, g.splits) == ("process", "slots", "process", 2)
+    assert (g.workers, g.server, g.splits) == ("process", "process", 2)
     assert g.chunk_len * g.envs_per_worker >= 64
-    g = ours_graph("ours:process/driver/thread/step@epw=4,splits=1", WORKLOAD, 8, 256)
+    g = ours_graph("ours:process/slots/thread/step@epw=4,splits=1", WORKLOAD, 8, 256)
     assert (g.envs_per_worker, g.splits, g.chunk_len) == (4, 1, 1)
 
 

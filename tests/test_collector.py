@@ -17,16 +17,15 @@ from tests.fakes import ExplodingEnvFactory
 SMALL_MLP = ModelSpec("components.models.ActorCritic", {"hidden": [16]})
 
 GRAPHS = {
-    "thread-driver-thread": GraphSpec("thread", "driver", "thread", num_envs=5, envs_per_worker=2, chunk_len=1),
-    "thread-driver-thread-chunked": GraphSpec("thread", "driver", "thread", num_envs=5, envs_per_worker=2, chunk_len=3),
-    "thread-driver-process": GraphSpec("thread", "driver", "process", num_envs=5, envs_per_worker=2, chunk_len=2),
-    "process-slots-process": GraphSpec("process", "slots", "process", num_envs=5, envs_per_worker=2, chunk_len=4),
-    "process-slots-thread": GraphSpec("process", "slots", "thread", num_envs=5, envs_per_worker=2, chunk_len=4),
-    "process-driver-thread": GraphSpec("process", "driver", "thread", num_envs=5, envs_per_worker=2, chunk_len=3),
-    "process-driver-process": GraphSpec("process", "driver", "process", num_envs=5, envs_per_worker=2, chunk_len=3),
-    "process-slots-process-split": GraphSpec("process", "slots", "process", num_envs=7, envs_per_worker=4, chunk_len=3,
+    "thread-thread": GraphSpec("thread", "thread", num_envs=5, envs_per_worker=2, chunk_len=1),
+    "thread-thread-chunked": GraphSpec("thread", "thread", num_envs=5, envs_per_worker=2, chunk_len=3),
+    "thread-process": GraphSpec("thread", "process", num_envs=5, envs_per_worker=2, chunk_len=2),
+    "process-process": GraphSpec("process", "process", num_envs=5, envs_per_worker=2, chunk_len=4),
+    "process-thread": GraphSpec("process", "thread", num_envs=5, envs_per_worker=2, chunk_len=4),
+    "process-thread-chunk3": GraphSpec("process", "thread", num_envs=5, envs_per_worker=2, chunk_len=3),
+    "process-process-split": GraphSpec("process", "process", num_envs=7, envs_per_worker=4, chunk_len=3,
                                              splits=2),
-    "thread-driver-thread-split": GraphSpec("thread", "driver", "thread", num_envs=5, envs_per_worker=5, chunk_len=2,
+    "thread-thread-split": GraphSpec("thread", "thread", num_envs=5, envs_per_worker=5, chunk_len=2,
                                             splits=2),
 }
 
@@ -74,7 +73,7 @@ def test_batches_are_exact_and_no_transition_is_lost_duplicated_or_reordered(nam
 
 
 def test_a_stalled_consumer_pauses_the_workers_instead_of_growing_memory():
-    graph = GraphSpec("process", "slots", "thread", num_envs=4, envs_per_worker=2, chunk_len=4, chunks_per_worker=2)
+    graph = GraphSpec("process", "thread", num_envs=4, envs_per_worker=2, chunk_len=4, chunks_per_worker=2)
     collector = _collector(graph, frames_per_batch=8, total_frames=-1).start()
     try:
         first = collector.next_batch()
@@ -91,7 +90,7 @@ def test_a_stalled_consumer_pauses_the_workers_instead_of_growing_memory():
 
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
-    graph = GraphSpec(workers, "slots" if workers == "process" else "driver", "thread",
+    graph = GraphSpec(workers, "thread",
                       num_envs=2, envs_per_worker=1, chunk_len=1)
     collector = _collector(graph, 16, 4000, factory=ExplodingEnvFactory(at_step=30))
     started = time.monotonic()
@@ -104,7 +103,7 @@ def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("name", ["thread-driver-thread", "process-slots-process"])
+@pytest.mark.parametrize("name", ["thread-thread", "process-process"])
 def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(name):
     collector = _collector(GRAPHS[name], 32, -1).start()
     try:
@@ -127,7 +126,7 @@ def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(
 
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers):
-    graph = GraphSpec(workers, "slots" if workers == "process" else "driver", "thread",
+    graph = GraphSpec(workers, "thread",
                       num_envs=4, envs_per_worker=2, chunk_len=2)
     collector = _collector(graph, 24, -1).start()
     try:
@@ -145,7 +144,7 @@ def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers):
 
 
 def test_weights_pushed_before_start_are_served_from_the_first_step():
-    graph = GRAPHS["process-slots-process"]
+    graph = GRAPHS["process-process"]
     collector = _collector(graph, 20, 20)
     model = SMALL_MLP.build(collector.env_spec)
     with torch.no_grad():
@@ -162,7 +161,7 @@ def test_weights_pushed_before_start_are_served_from_the_first_step():
 
 @pytest.mark.parametrize("server", ["thread", "process"])
 def test_initial_weights_pushed_as_version_0_are_stamped_0_and_an_initial_version_carries_through(server):
-    graph = GraphSpec("thread", "slots", server, num_envs=4, envs_per_worker=4, chunk_len=1)
+    graph = GraphSpec("thread", server, num_envs=4, envs_per_worker=4, chunk_len=1)
     collector = _collector(graph, 16, 16)
     collector.update_policy_weights_(SMALL_MLP.build(collector.env_spec), version=0)
     try:
@@ -194,7 +193,7 @@ class RecordingBuffer:
 
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_the_writer_fills_replay_in_the_background_and_pause_holds_it(workers):
-    graph = GraphSpec(workers, "slots" if workers == "process" else "driver", "thread",
+    graph = GraphSpec(workers, "thread",
                       num_envs=4, envs_per_worker=2, chunk_len=2)
     buffer = RecordingBuffer()
     collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), SMALL_MLP, graph, frames_per_batch=32,
@@ -222,14 +221,12 @@ def test_the_writer_fills_replay_in_the_background_and_pause_holds_it(workers):
 
 
 PLACEMENTS = {
-    "thread-workers-thread-server": GraphSpec("thread", "slots", "thread", num_envs=4, envs_per_worker=2, chunk_len=2),
-    "thread-workers-process-server": GraphSpec("thread", "slots", "process", num_envs=4, envs_per_worker=2, chunk_len=2),
-    "process-workers-thread-server": GraphSpec("process", "slots", "thread", num_envs=4, envs_per_worker=2,
+    "thread-workers-thread-server": GraphSpec("thread", "thread", num_envs=4, envs_per_worker=2, chunk_len=2),
+    "thread-workers-process-server": GraphSpec("thread", "process", num_envs=4, envs_per_worker=2, chunk_len=2),
+    "process-workers-thread-server": GraphSpec("process", "thread", num_envs=4, envs_per_worker=2,
                                                chunk_len=2, splits=2),
-    "process-workers-process-server": GraphSpec("process", "slots", "process", num_envs=4, envs_per_worker=2,
+    "process-workers-process-server": GraphSpec("process", "process", num_envs=4, envs_per_worker=2,
                                                 chunk_len=2, splits=2),
-    "process-workers-driver-relay": GraphSpec("process", "driver", "process", num_envs=4, envs_per_worker=2,
-                                              chunk_len=2),
 }
 
 

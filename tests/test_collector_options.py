@@ -31,7 +31,7 @@ def _collector(graph: GraphSpec, frames_per_batch: int, total_frames: int, model
     ("a server that stopped answering", "waiting for actions from the inference server"),
 ])
 def test_a_collector_that_cannot_complete_a_chunk_reports_the_stall_within_stall_timeout(what, phrase):
-    graph = GraphSpec("process", "slots", "process", num_envs=2, envs_per_worker=2, chunk_len=4)
+    graph = GraphSpec("process", "process", num_envs=2, envs_per_worker=2, chunk_len=4)
     if what == "a hung env":
         collector = _collector(graph, 16, -1, factory=HangingEnvFactory(at_step=30), stall_timeout=1.5)
     else:
@@ -50,7 +50,7 @@ def test_a_collector_that_cannot_complete_a_chunk_reports_the_stall_within_stall
 
 
 def test_a_slow_consumer_is_backpressure_not_a_stall():
-    graph = GraphSpec("thread", "slots", "thread", num_envs=2, envs_per_worker=2, chunk_len=2)
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=2, chunk_len=2)
     collector = _collector(graph, 8, -1, stall_timeout=0.5).start()
     try:
         collector.next_batch()
@@ -62,13 +62,13 @@ def test_a_slow_consumer_is_backpressure_not_a_stall():
 
 
 def test_a_chunk_budget_that_cannot_hold_a_batch_is_refused_up_front():
-    graph = GraphSpec("thread", "slots", "thread", num_envs=8, envs_per_worker=8, chunk_len=1, chunks_per_worker=2)
+    graph = GraphSpec("thread", "thread", num_envs=8, envs_per_worker=8, chunk_len=1, chunks_per_worker=2)
     with pytest.raises(ValueError, match="chunks_per_worker=2: .* use at least 33"):
         _collector(graph, 256, 1024)
 
 
 def test_completed_trajectories_are_whole_episodes_of_at_least_frames_per_batch():
-    graph = GraphSpec("thread", "slots", "thread", num_envs=3, envs_per_worker=3, chunk_len=1)
+    graph = GraphSpec("thread", "thread", num_envs=3, envs_per_worker=3, chunk_len=1)
     collector = _collector(graph, 40, 2000, yield_completed_trajectories=True)
     try:
         groups = [g.clone() for g in collector]
@@ -90,7 +90,7 @@ def test_completed_trajectories_are_whole_episodes_of_at_least_frames_per_batch(
 
 
 def test_reset_at_each_iter_truncates_every_episode_after_each_batch():
-    graph = GraphSpec("thread", "slots", "thread", num_envs=2, envs_per_worker=2, chunk_len=1, chunks_per_worker=5)
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=2, chunk_len=1, chunks_per_worker=5)
     longest: dict[str, int] = {}
     for reset in (False, True):
         collector = _collector(graph, 8, 8 * 80, reset_at_each_iter=reset)
@@ -115,7 +115,7 @@ def test_the_post_collect_hook_sees_every_batch_before_the_caller():
         seen.append(batch.numel())
         batch.set("hooked", batch["env_index"] * 0 + 1)
 
-    graph = GraphSpec("thread", "slots", "thread", num_envs=2, envs_per_worker=2, chunk_len=1)
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=2, chunk_len=1)
     collector = _collector(graph, 10, 35, post_collect_hook=hook)
     try:
         batches = list(collector)
@@ -136,7 +136,7 @@ def _thread_cpus(name_prefix: str) -> set[str]:
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_driver_affinity_pins_the_driver_side_threads():
     cpu = max(os.sched_getaffinity(0))
-    graph = GraphSpec("thread", "slots", "thread", num_envs=2, envs_per_worker=2, chunk_len=1)
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=2, chunk_len=1)
     collector = _collector(graph, 8, -1, driver_affinity=[cpu]).start()
     try:
         collector.next_batch()
@@ -148,7 +148,7 @@ def test_driver_affinity_pins_the_driver_side_threads():
 
 
 def test_every_env_keeps_its_steps_in_order_with_every_option_off_and_on():
-    graph = GraphSpec("process", "slots", "thread", num_envs=3, envs_per_worker=2, chunk_len=2, splits=2)
+    graph = GraphSpec("process", "thread", num_envs=3, envs_per_worker=2, chunk_len=2, splits=2)
     collector = _collector(graph, 12, 240, reset_at_each_iter=True)
     try:
         per_env = defaultdict(list)

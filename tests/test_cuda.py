@@ -90,7 +90,7 @@ def test_a_server_on_cuda_in_either_placement_receives_weights_and_their_version
 @pytest.mark.parametrize(("workers", "server"), [("thread", "thread"), ("thread", "process"), ("process", "thread"),
                                                  ("process", "process")])
 def test_collector_serves_the_policy_on_cuda_in_every_placement(workers, server):
-    graph = GraphSpec(workers, "slots", server, num_envs=4, envs_per_worker=2, chunk_len=4)
+    graph = GraphSpec(workers, server, num_envs=4, envs_per_worker=2, chunk_len=4)
     collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), ModelSpec("components.models.ActorCritic"), graph,
                                       frames_per_batch=64, total_frames=256, server_config=ServerConfig(device="cuda"))
     try:

@@ -168,11 +168,10 @@ def test_a_model_error_reaches_only_the_request_that_caused_it(placement, client
             assert handles[2].wait(timeout=20)["action"].tolist() == [60, 60]
 
 
-@pytest.mark.parametrize("how", ["fatal fault", "SIGKILL"])
-@pytest.mark.parametrize("placement", SERVERS)
+# A thread cannot be killed from outside: its death is the fatal fault.
+@pytest.mark.parametrize(("placement", "how"), [("thread", "fatal fault"), ("process", "fatal fault"),
+                                                ("process", "SIGKILL")])
 def test_a_dead_server_fails_waiting_clients_within_two_seconds(placement, how):
-    if how == "SIGKILL" and placement == "thread":
-        pytest.skip("a thread cannot be killed from outside; its fatal fault is the other case")
     transport = _transport(placement, "thread", slots=2)
     victim, bystander = transport.client(), transport.client()
     # min_batch_size 4: the bystander's request waits for the victim's and shares its batch

@@ -9,9 +9,7 @@ parameters: every block owns a request slot of one
 primitives when everything is in the driver, a ``spawn`` context when a
 worker or the server is a process), served by one
 :class:`~components.inference.server.InferenceServer` in a driver thread or
-its own process; with ``transport="driver"`` and process workers, a driver
-relay thread serves the workers' slots and forwards all ready blocks as one
-request.
+its own process.
 """
 
 from __future__ import annotations
@@ -33,14 +31,11 @@ from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssi
 from components.collector.worker import PAUSED, RUNNING, WorkerControl, transition_fields
 from components.collector.writer import ReplayWriter
 from components.envs import EnvSpec, env_seeds, probe_env_spec
-from components.inference.loop import ServeLoop, ServerConfig
-from components.inference.relay import UpstreamPolicy
+from components.inference.loop import ServerConfig
 from components.inference.server import InferenceServer, ServerError
 from components.inference.slots import SlotTransport
-from components.inference.stats import ServerStats
 from components.inference.transport import derive_layout
 from components.interaction import InteractionMode
-from components.lifecycle import set_affinity
 from components.models import ModelSpec
 
 __all__ = ["AsyncBatchedCollector", "CollectorError", "GraphSpec"]
@@ -68,8 +63,8 @@ class AsyncBatchedCollector:
     least ``frames_per_batch`` transitions per yield; ``reset_at_each_iter``
     ends every env's episode (marked truncated) at its next step after each
     batch; ``post_collect_hook(batch)`` sees every batch before replay or
-    the caller; ``driver_affinity`` pins the driver-side threads (server and
-    relay threads, thread workers, the replay writer) to those CPUs;
+    the caller; ``driver_affinity`` pins the driver-side threads (the
+    server thread, thread workers, the replay writer) to those CPUs;
     ``stall_timeout`` (seconds, None: off) turns a wait for transitions that
     never come into a :class:`CollectorError` naming what each worker waits on.
 
@@ -77,7 +72,7 @@ class AsyncBatchedCollector:
 
         collector = AsyncBatchedCollector(
             GymEnvFactory("CartPole-v1"), ModelSpec("components.models.ActorCritic"),
-            GraphSpec(workers="process", transport="slots", server="process", num_envs=64,
+            GraphSpec(workers="process", server="process", num_envs=64,
                       envs_per_worker=32, chunk_len=64),
             frames_per_batch=4096, total_frames=1_000_000)
         for batch in collector:          # dense TensorDicts of 4096 transitions
@@ -139,9 +134,6 @@ class AsyncBatchedCollector:
         self._frames = 0
         self._started = self._closed = False
         self._iter_lock = threading.Lock()
-        self._relay: ServeLoop | None = None
-        self._relay_stop = threading.Event()
-        self._relay_thread: threading.Thread | None = None
         self._mp = mp.get_context("spawn")
         self._build(stall_timeout)
 
@@ -164,21 +156,14 @@ class AsyncBatchedCollector:
         self._splits = [g.split_sizes(r) for r in rows]
         slot_rows = max(max(sizes) for sizes in self._splits)
         num_slots = sum(len(sizes) for sizes in self._splits)
-        mixed_ctx = worker_ctx if worker_ctx is not threading else server_ctx
-        workers_side = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows,
-                                     ctx=worker_ctx if g.relayed else mixed_ctx)
-        server_side = workers_side
-        if g.relayed:
-            server_side = SlotTransport(self.layout, num_slots=1, rows_per_slot=num_slots * slot_rows, ctx=server_ctx)
-            relay_cfg = ServerConfig(max_batch_size=num_slots * slot_rows, min_batch_size=1, timeout=0.0)
-            self._relay = ServeLoop(UpstreamPolicy(server_side.client()), workers_side, relay_cfg, ServerStats(1))
-        self._workers_side = workers_side
+        slots_ctx = worker_ctx if worker_ctx is not threading else server_ctx
+        self._slots = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=slots_ctx)
         self.server = InferenceServer(
-            self.model_spec, server_side, self.server_config, env_spec=self.env_spec, placement=g.server,
+            self.model_spec, self._slots, self.server_config, env_spec=self.env_spec, placement=g.server,
             policy_version=self._initial_version, ctx=self._mp, template=served.state_dict(),
             affinity=self._driver_affinity if g.server == "thread" else None,
         )
-        self._channels = [[workers_side.client() for _ in sizes] for sizes in self._splits]
+        self._channels = [[self._slots.client() for _ in sizes] for sizes in self._splits]
         self.workers: Any = (ProcessWorkers(self._mp, g.worker_nice) if g.workers == "process"
                              else ThreadWorkers(self._driver_affinity))
         spans, first = [], 0
@@ -189,7 +174,7 @@ class AsyncBatchedCollector:
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:
-        """Start the server, the relay (if any) and the workers; idempotent.
+        """Start the server and the workers; idempotent.
 
         With a ``replay_buffer`` it also starts the writer thread, which
         extends the buffer with every batch until ``total_frames``, so
@@ -205,10 +190,6 @@ class AsyncBatchedCollector:
                 self.server.start()
             except ServerError as err:
                 raise CollectorError(str(err)) from None
-            if self._relay is not None:
-                self._relay_thread = threading.Thread(target=self._run_relay, name="driver-relay", daemon=True)
-                self._relay_thread.start()
-                self._monitor.relay_thread = self._relay_thread
             seeds = env_seeds(self._seed, self.graph.num_envs)
             assignments, first = [], 0
             for w, r in enumerate(self._rows):
@@ -230,16 +211,8 @@ class AsyncBatchedCollector:
             raise
         return self
 
-    def _run_relay(self) -> None:
-        set_affinity(self._driver_affinity)
-        try:
-            assert self._relay is not None
-            self._relay.serve(self._relay_stop)
-        finally:
-            self._workers_side.release_liveness_handle()  # the workers see the relay's end
-
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop workers, relay and server, and join them all (idempotent)."""
+        """Stop workers and server, and join them all (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -249,11 +222,6 @@ class AsyncBatchedCollector:
         if self._started:
             self.workers.join(timeout)
         self._writer.join(timeout)
-        self._relay_stop.set()
-        if self._relay_thread is not None:
-            self._relay_thread.join(timeout)
-        else:
-            self._workers_side.release_liveness_handle()
         self.server.shutdown(timeout)
 
     def __enter__(self) -> AsyncBatchedCollector:

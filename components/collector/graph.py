@@ -12,10 +12,6 @@ class GraphSpec:
 
     Attributes:
         workers: "thread" or "process" (the env backend).
-        transport: "slots" (every worker reaches the server's shared slots)
-            or "driver" (process workers' slots are served by a driver relay
-            thread that forwards all ready blocks upstream as one request;
-            thread workers, already in the driver, use their slots directly).
         server: "thread" (in the driver) or "process" (a dedicated process).
         num_envs / envs_per_worker: env count and block size per worker.
         chunk_len: consecutive steps per worker message.
@@ -28,13 +24,12 @@ class GraphSpec:
             the inference server and the trainer).
 
     Examples:
-        >>> g = GraphSpec("process", "slots", "process", num_envs=7, envs_per_worker=4, chunk_len=3, splits=2)
+        >>> g = GraphSpec("process", "process", num_envs=7, envs_per_worker=4, chunk_len=3, splits=2)
         >>> g.num_workers, g.worker_rows(), g.split_sizes(3)
         (2, [4, 3], (2, 1))
     """
 
     workers: str = "thread"
-    transport: str = "slots"
     server: str = "thread"
     num_envs: int = 8
     envs_per_worker: int = 4
@@ -47,8 +42,6 @@ class GraphSpec:
     def __post_init__(self) -> None:
         if self.workers not in ("thread", "process"):
             raise ValueError(f"workers must be thread or process, got {self.workers!r}")
-        if self.transport not in ("driver", "slots"):
-            raise ValueError(f"transport must be driver or slots, got {self.transport!r}")
         if self.server not in ("thread", "process"):
             raise ValueError(f"server must be thread or process, got {self.server!r}")
         if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits) < 1:
@@ -59,11 +52,6 @@ class GraphSpec:
     @property
     def num_workers(self) -> int:
         return math.ceil(self.num_envs / self.envs_per_worker)
-
-    @property
-    def relayed(self) -> bool:
-        """Whether a driver relay thread sits between the workers and the server."""
-        return self.transport == "driver" and self.workers == "process"
 
     def worker_rows(self) -> list[int]:
         full, rest = divmod(self.num_envs, self.envs_per_worker)

@@ -1,7 +1,7 @@
 """Watching a running collector graph: failures, stalls and where worker time goes.
 
 The driver consults a :class:`GraphMonitor` while it waits for chunks: a
-failed or vanished worker, a dead server or relay is an error that names
+failed or vanished worker or a dead server is an error that names
 it; so is a stall, when no chunk completes for ``stall_timeout`` seconds
 while the consumer waits and everything is alive (an env that hangs, a
 server that stopped answering, a chunk budget too small to ever fill a
@@ -31,22 +31,19 @@ class GraphMonitor:
         self.control, self.workers, self.server = control, workers, server
         self.env_ids = env_ids  # (first, last) env of each worker
         self.stall_timeout = stall_timeout
-        self.relay_thread: Any = None
         self._timing_mark: tuple[float, np.ndarray] | None = None
 
     def check_health(self) -> None:
-        """Raise :class:`CollectorError` if a worker, the server or the relay is gone."""
+        """Raise :class:`CollectorError` if a worker or the server is gone (the server first: workers fail with it)."""
+        if not self.server.is_alive:
+            detail = self.server.error or "it exited"
+            raise CollectorError(f"the inference server ({self.server.backend}) died: {detail}")
         status = self.control.status
         for w in range(len(self.env_ids)):
             if status[w] == FAILED:
                 raise CollectorError(self.control.error(w))
             if not self.workers.alive(w) and status[w] != EXITED:
                 raise CollectorError(f"env worker {w} stopped unexpectedly: {self.workers.exit_description(w)}")
-        if not self.server.is_alive:
-            detail = self.server.error or "it exited"
-            raise CollectorError(f"the inference server ({self.server.backend}) died: {detail}")
-        if self.relay_thread is not None and not self.relay_thread.is_alive():
-            raise CollectorError("the driver relay thread stopped")
 
     def wait_for(self, state: int, timeout: float) -> None:
         """Block until every worker is ``RUNNING`` (built its envs) or ``PAUSED`` (parked), or exited.

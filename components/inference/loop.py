@@ -79,7 +79,7 @@ def _concat(parts: list[Any]) -> Any:
 
 
 class ServeLoop:
-    """The batching loop every server placement (and the driver relay) runs.
+    """The batching loop every server placement runs.
 
     ``weights_source`` (optional) is polled between batches: an object with
     ``seq`` and ``copy_into(model) -> (version, seq)``, e.g. the shared
@@ -183,7 +183,7 @@ class ServeLoop:
             parts = [self.served.act({k: v[i : i + step] for k, v in inputs.items()}, modes[i : i + step])
                      for i in range(0, n, step)]
             out, passes = {k: _concat([p[k] for p in parts]) for k in parts[0]}, len(parts)
-        if POLICY_VERSION not in out:  # a relay passes the upstream stamp through
+        if POLICY_VERSION not in out:  # a model may stamp its own (tests do)
             out[POLICY_VERSION] = self._version_column(out["action"], n)
         return out, passes
 

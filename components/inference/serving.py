@@ -317,6 +317,6 @@ def serving_engine(
             return NumpyActorCritic(model, seed) if isinstance(model, ActorCritic) else NumpyQNetwork(model, seed)
         if engine == "numpy":
             raise ValueError(f"server.engine=numpy: {reason}")
-    if not isinstance(model, torch.nn.Module):  # e.g. a relay: already an engine
+    if not isinstance(model, torch.nn.Module):  # an object with its own act(): served as is
         return model
     return TorchEngine(model, device, output_device, static_batch_size)

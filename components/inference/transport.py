@@ -2,7 +2,7 @@
 
 A transport moves observation rows from clients to a server and actions
 back. The server only ever talks to this small interface, so a thread queue,
-fixed shared-memory slots and a driver relay are interchangeable:
+fixed shared-memory slots or a test double, are interchangeable:
 
 ``wait_for_work`` -> ``drain`` (claim ready requests) -> ``gather`` (one
 batch of inputs) -> model forward -> ``resolve`` (fan results back) or

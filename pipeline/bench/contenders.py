@@ -69,13 +69,19 @@ def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str
 
 
 def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
-    """``ours:workers/transport/server/chunking`` -> a GraphSpec (the plan's rules for auto)."""
+    """``ours:workers/slots/server/chunking`` -> a GraphSpec (the plan's rules for auto).
+
+    The transport part is always ``slots`` (the one request/response path;
+    the driver relay of earlier versions lost to it in every layout measured).
+    """
     from components.collector.graph import GraphSpec
     from pipeline.plan import AUTO_MIN_TRANSITIONS
 
     from pipeline.plan import auto_envs_per_worker
 
     (workers, transport, server, chunking), workload = parse_ours(name, workload)
+    if transport != "slots":
+        raise ValueError(f"{name}: the transport part must be 'slots' (got {transport!r})")
     per_worker, _ = auto_envs_per_worker(workload.get("envs_per_worker"), num_envs, workers, CPUS)
     splits = workload.get("splits") or (2 if workers == "process" else 1)
     if chunking == "step" or workers == "thread":
@@ -85,7 +91,7 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
                         max(1, frames_per_batch // per_worker))
     nice = workload.get("nice")
     nice = 0 if nice is None else int(nice)
-    return GraphSpec(workers, transport, server, num_envs=num_envs, envs_per_worker=per_worker,
+    return GraphSpec(workers, server, num_envs=num_envs, envs_per_worker=per_worker,
                      chunk_len=chunk_len, splits=int(splits), worker_nice=nice)
 
 

@@ -23,10 +23,6 @@ from pipeline.bench.contenders import CPUS, trial_main
 OURS = [
     "ours:thread/slots/thread/auto",
     "ours:thread/slots/process/auto",
-    "ours:process/driver/thread/auto",
-    "ours:process/driver/thread/step",
-    "ours:process/driver/process/auto",
-    "ours:process/driver/process/step",
     "ours:process/slots/thread/auto",
     "ours:process/slots/thread/step",
     "ours:process/slots/process/auto",
