@@ -47,14 +47,38 @@ def become_child(parent_pid: int, spawned_from_main_thread: bool = True) -> None
 
     SIGINT from a terminal reaches the whole foreground process group; the
     driver owns the orderly shutdown, so children ignore it (and SIGTERM
-    sent to the group) and stop when the driver tells them or dies.
+    sent to the group) and stop when the driver tells them or dies. They
+    are started with both ignored already (:func:`start_immune`); this
+    keeps it so.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if spawned_from_main_thread:
         _arm_pdeathsig()
     if os.getppid() != parent_pid:  # the parent died before we got here
         os._exit(70)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
+
+
+def start_immune(process: object) -> None:
+    """Start ``process`` with SIGINT and SIGTERM ignored from its first instruction.
+
+    An ignored disposition survives ``exec``, and Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored, so a Ctrl-C
+    that reaches the process group while the child is still importing
+    cannot kill it with a traceback. The parent ignores the two signals only
+    for the moment of the fork (a signal in those microseconds is lost: press
+    again).
+    """
+    if not on_main_thread():  # signal dispositions can only be changed there
+        process.start()  # type: ignore[attr-defined]
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        process.start()  # type: ignore[attr-defined]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def on_main_thread() -> bool:
@@ -77,9 +101,7 @@ def limit_threads() -> None:
 
 
 def force_stop(process: object, grace: float = 1.0) -> None:
-    """Escalate on a process that did not stop when asked: SIGTERM, then SIGKILL."""
-    for signal_it in ("terminate", "kill"):
-        if not process.is_alive():  # type: ignore[attr-defined]
-            return
-        getattr(process, signal_it)()
+    """SIGKILL a child that did not stop when asked (children ignore SIGTERM, see :func:`become_child`)."""
+    if process.is_alive():  # type: ignore[attr-defined]
+        process.kill()  # type: ignore[attr-defined]
         process.join(grace)  # type: ignore[attr-defined]

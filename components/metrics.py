@@ -61,6 +61,7 @@ class MetricsLogger:
         tags: list[str] | None = None,
         mode: str | None = None,
         run_config: Mapping[str, Any] | None = None,
+        resume_id: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"logger kind {kind!r} is not one of {KINDS}")
@@ -84,8 +85,15 @@ class MetricsLogger:
                 dir=str(self.run_dir),
                 mode=mode or os.environ.get("WANDB_MODE") or "offline",
                 config=dict(run_config or {}),
+                id=resume_id,
+                resume="allow" if resume_id else None,
                 settings=wandb.Settings(silent=True, console="off"),
             )
+
+    @property
+    def wandb_id(self) -> str | None:
+        """The wandb run's id (what a resumed run continues), None without wandb."""
+        return self._wandb_run.id if self._wandb_run is not None else None
 
     @property
     def wandb_dir(self) -> Path | None:

@@ -6,12 +6,34 @@ module, and they must not pay for Hydra or torch.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def main() -> None:
+    try:
+        _main()
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before the runner took over its signals
+        print(f"interrupted during start-up ({err or 'SIGINT'}); nothing was written", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+def _main() -> None:
+    from pipeline.signals import catch_early
+
+    catch_early()  # SIGTERM during start-up ends like Ctrl-C: one line, 130
+
+    from pipeline.resume import resume_argv
+    from pipeline.validate import ConfigError
+
+    try:
+        sys.argv[1:] = resume_argv(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
     import hydra
 
     from pipeline.schema import register

@@ -33,14 +33,14 @@ def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 class _Progress:
     """A tqdm bar on stderr when enabled, nothing otherwise."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, start: int = 0) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="frame", unit_scale=True, dynamic_ncols=True,
+            self.bar = tqdm(total=total, initial=start, unit="frame", unit_scale=True, dynamic_ncols=True,
                             mininterval=0.5, smoothing=0.1, file=sys.stderr)
-        self._shown = 0
+        self._shown = start
 
     def update(self, frames: int, fps: float, mean_return: float) -> None:
         if self.bar is not None:
@@ -57,15 +57,23 @@ class Reporter:
     """Progress, periodic metric rows and the stopping rule of one run."""
 
     def __init__(self, collector: AsyncBatchedCollector, logger: MetricsLogger, *, total_frames: int,
-                 window: int, target_return: float | None, progress: bool, replay: Any = None) -> None:
+                 window: int, target_return: float | None, progress: bool, replay: Any = None,
+                 start_frames: int = 0, elapsed: float = 0.0) -> None:
         self.collector, self.logger, self.replay = collector, logger, replay
         self.tracker = EpisodeTracker(window)
         self.tracker_lock = threading.Lock()
         self.target_return = target_return
-        self.progress = _Progress(total_frames, progress)
+        self.progress = _Progress(total_frames, progress, start_frames)
         self.started = time.monotonic()
-        self.last_log, self.last_frames = self.started, 0
+        self._elapsed_before = elapsed  # wall time of the run's earlier segments (resume)
+        self.last_log, self.last_frames = self.started, start_frames
         self.pending: list[dict[str, float]] = []
+        self.checkpointer: Checkpointer | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Wall time of the whole run so far, earlier segments of a resumed run included."""
+        return self._elapsed_before + time.monotonic() - self.started
 
     def episodes(self, batch: Any) -> None:
         """Record the episodes that ended in ``batch`` (any thread)."""
@@ -88,12 +96,14 @@ class Reporter:
         solved = self.solved
         if now - self.last_log >= self.logger.interval or solved:
             self.flush(now)
+        if self.checkpointer is not None and not solved:
+            self.checkpointer.maybe(now)
         return solved
 
     def flush(self, now: float | None = None, echo: bool = True) -> None:
         now = now if now is not None else time.monotonic()
         fps = (self.collector.frames - self.last_frames) / max(now - self.last_log, 1e-9)
-        self._row(now - self.started, fps, echo)
+        self._row(self._elapsed_before + now - self.started, fps, echo)
         self.pending, self.last_log, self.last_frames = [], now, self.collector.frames
 
     def _row(self, elapsed: float, fps: float, echo: bool) -> None:
@@ -139,6 +149,33 @@ class Reporter:
 
     def close(self) -> None:
         self.progress.close()
+
+
+class Checkpointer:
+    """Writes the run's state every ``interval`` seconds, between two trainer steps.
+
+    ``make_state`` builds the checkpoint; ``pause`` (a context manager
+    factory, e.g. the collector's ``pause``) quiesces whatever must not move
+    while it is taken (a disk replay saved by reference to its files).
+    """
+
+    def __init__(self, path: Any, interval: float, make_state: Any, pause: Any = None) -> None:
+        self.path, self.interval, self.make_state, self.pause = path, interval, make_state, pause
+        self.last = time.monotonic()
+        self.saved = 0
+
+    def maybe(self, now: float) -> None:
+        if now - self.last < self.interval:
+            return
+        from pipeline.state import save_run_state
+
+        if self.pause is None:
+            save_run_state(self.path, self.make_state())
+        else:
+            with self.pause():
+                save_run_state(self.path, self.make_state())
+        self.last = time.monotonic()
+        self.saved += 1
 
 
 def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: Reporter) -> str:

@@ -1,17 +1,20 @@
 """The runner: validated config -> plan -> collector graph -> trainer loop -> outputs.
 
-Everything the run writes lives in Hydra's run directory: ``metrics.jsonl``,
-the wandb run (``wandb/``), ``checkpoint.pt`` and Hydra's own ``.hydra/``.
-Every exit path (end of budget, target reached, error, Ctrl-C, SIGTERM) goes
-through the same ``finally``: the collector's threads and processes are
-joined, the logger is closed and the checkpoint is written atomically.
+Everything the run writes lives in its run directory, claimed atomically
+before anything is written (:mod:`pipeline.rundir`): ``metrics.jsonl``, the
+wandb run (``wandb/``), ``checkpoint.pt`` (written every
+``checkpoint.interval`` seconds and at the end) and ``.hydra/``. Every exit
+path (end of budget, target reached, error, Ctrl-C, SIGTERM, at start-up
+too) goes through one ``finally``: the collector's threads and processes are
+joined, the logger is closed and the checkpoint is written atomically,
+unless the failure was numerical (then the last good checkpoint is kept).
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +23,50 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from components.checkpoint import save_checkpoint
 from components.collector.collector import AsyncBatchedCollector, CollectorError
 from components.envs import EnvConfigError, probe_env_spec
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
-from components.trainers.base import Trainer
-from pipeline.loops import Reporter, run_off_policy, run_on_policy
+from components.trainers.base import NonFiniteError, Trainer
+from pipeline.budgets import check_budgets
+from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
+from pipeline.resume import rewind_metrics
+from pipeline.rundir import LOCK, claim_run_dir, write_hydra_files
+from pipeline.signals import _PENDING, raise_if_pending
+from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.validate import ConfigError, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class Interrupted(Exception):
-    """SIGTERM/SIGINT arrived; the run stops cleanly."""
+class Interrupted(BaseException):
+    """SIGTERM/SIGINT arrived; the run stops cleanly.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: code that catches
+    ``Exception`` (Hydra's ``instantiate`` wraps those) must not swallow it.
+    """
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    _PENDING.append(name)
+    raise Interrupted(name)
+
+
+def catch_signals() -> dict[int, Any]:
+    """From here on SIGINT and SIGTERM raise :class:`Interrupted`; returns the previous handlers."""
+    return {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def build_env(cfg: DictConfig) -> tuple[Any, Any]:
     """The env factory and the spec of one env it makes (an unknown id is a config error)."""
-    env_factory = instantiate(cfg.env.factory, _convert_="all")
+    try:
+        env_factory = instantiate(cfg.env.factory, _convert_="all")
+    except Exception as err:  # noqa: BLE001 - a user-given _target_ or argument
+        cause = err.__cause__ or err
+        raise ConfigError(f"env.factory: cannot build it: {type(cause).__name__}: "
+                          f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
     try:
         return env_factory, probe_env_spec(env_factory)
     except EnvConfigError as err:
@@ -110,47 +133,108 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple
     return buffer, NStepReturns(int(algo.n_step), float(algo.gamma))
 
 
-def run(cfg: DictConfig, run_dir: Path) -> int:
-    """Run one training job in ``run_dir``; returns the process exit code."""
-    machine = Machine.detect()
-    validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
-    hook = post_collect_hook(cfg)
-    env_factory, env_spec = build_env(cfg)
-    plan = resolve_plan(cfg, machine, env_spec)
-    print(plan, flush=True)
-    for name in ("checkpoint.pt", "metrics.jsonl"):
-        if (run_dir / name).exists():
-            raise ConfigError(f"hydra.run.dir={str(run_dir)!r}: already holds a run ({name}); pick a new directory")
+def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None) -> int:
+    """Run one training job in ``run_dir``; returns the process exit code.
+
+    ``hydra_files`` (the task config, Hydra's config, the overrides) are
+    written to ``.hydra/`` once the directory is claimed.
+    """
+    previous = catch_signals()
+    claimed = False
+    try:
+        raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
+        machine = Machine.detect()
+        validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
+        hook = post_collect_hook(cfg)
+        env_factory, env_spec = build_env(cfg)
+        plan = resolve_plan(cfg, machine, env_spec)
+        check_budgets(cfg, plan, env_spec, run_dir)
+        raise_if_pending()
+        resume = cfg.resume is not None
+        claim_run_dir(run_dir, resume=resume)
+        claimed = True
+        if hydra_files is not None:
+            write_hydra_files(run_dir, *hydra_files)
+        print(plan, flush=True)
+        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous)
+    except (KeyboardInterrupt, Interrupted) as err:  # before training started: nothing to keep
+        if claimed and not cfg.resume and not any((run_dir / name).exists() for name in ("checkpoint.pt",
+                                                                                          "metrics.jsonl")):
+            (run_dir / LOCK).unlink(missing_ok=True)
+            shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+        print(f"interrupted during start-up ({err or 'SIGINT'}); nothing was written", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
+           resume: bool, previous: dict[int, Any]) -> int:
     torch.set_num_threads(int(cfg.torch_threads))
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
-
     model_spec, trainer = build_learner(cfg, env_spec, plan)
+    raise_if_pending()
     algo = trainer.config
+    restored = load_run_state(run_dir / "checkpoint.pt") if resume else None
+    start_frames = 0
+    if restored is not None:
+        start_frames = int(restored["frames"])
+        if start_frames >= algo.total_frames:
+            raise ConfigError(f"resume={str(run_dir)!r}: the run already has {start_frames} frames and "
+                              f"trainer.total_frames={algo.total_frames}; give a larger trainer.total_frames")
+        trainer.load_state_dict(restored)
+        set_rng_state(restored["rng"])
     buffer, nstep = build_replay(cfg, run_dir, plan, algo)
+    if restored is not None and buffer is not None and restored.get("replay") is not None:
+        buffer.load_state_dict(restored["replay"])
+        nstep.load_state_dict(restored["nstep"])
+    if resume:
+        rewind_metrics(run_dir / "metrics.jsonl", start_frames)
     c = cfg.collector
+    # A resumed run gets fresh env seeds: replaying the first episodes again would bias the data.
+    env_seed = int(np.random.SeedSequence([int(cfg.seed), start_frames]).generate_state(1)[0]) if resume \
+        else int(cfg.seed)
     collector = AsyncBatchedCollector(
         env_factory, model_spec, plan.graph,
-        frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames,
-        seed=int(cfg.seed), server_config=plan.server, env_spec=env_spec,
+        frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames, initial_frames=start_frames,
+        seed=env_seed, server_config=plan.server, env_spec=env_spec,
         replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
         policy_version=trainer.policy_version, stall_timeout=c.stall_timeout,
+        step_timeout=cfg.workers.step_timeout,
         yield_completed_trajectories=bool(c.yield_completed_trajectories),
         reset_at_each_iter=bool(c.reset_at_each_iter), post_collect_hook=hook,
         driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
     )
-    # version 0: the initial weights, served from the first request
+    # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     logger = instantiate(cfg.logger, run_dir=run_dir, name=run_dir.name, run_config=resolved,
-                         _convert_="all", _recursive_=False)
+                         resume_id=restored.get("wandb_id") if restored else None, _convert_="all", _recursive_=False)
     assert isinstance(logger, MetricsLogger)
     reporter = Reporter(collector, logger, total_frames=algo.total_frames, window=algo.target_window,
-                        target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer)
+                        target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer,
+                        start_frames=start_frames, elapsed=float(restored.get("elapsed_s", 0.0)) if restored else 0.0)
+    if restored is not None:
+        restore_episodes(reporter.tracker, restored["episodes"])
+    disk_replay = buffer is not None and cfg.replay.storage == "disk"
 
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
-    stop_reason, code = "total_frames", EXIT_OK
+    def state(stop_reason: str) -> dict[str, Any]:
+        out = run_state(trainer=trainer, frames=collector.frames, config=resolved, model_spec=model_spec,
+                        env_spec=env_spec, tracker=reporter.tracker, stop_reason=stop_reason,
+                        wandb_id=logger.wandb_id, replay=buffer if disk_replay else None, nstep=nstep)
+        out["elapsed_s"] = reporter.elapsed
+        return out
+
+    checkpoint_path = run_dir / "checkpoint.pt"
+    if cfg.checkpoint.enabled and cfg.checkpoint.interval is not None:
+        # A disk replay is saved by reference to its files: pause the writer so they match the state.
+        reporter.checkpointer = Checkpointer(checkpoint_path, float(cfg.checkpoint.interval),
+                                             lambda: state("checkpoint"),
+                                             pause=collector.pause if disk_replay else None)
+    stop_reason, code, keep_last_good = "total_frames", EXIT_OK, False
     try:
         if trainer.on_policy:
             stop_reason = run_on_policy(collector, trainer, reporter)
@@ -160,45 +244,31 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
     except CollectorError as err:
         stop_reason, code = f"failed: {err}", EXIT_FAILED
+    except NonFiniteError as err:
+        stop_reason, code, keep_last_good = f"failed: {err}", EXIT_FAILED, True
     finally:
         reporter.close()
         # No second Ctrl-C may cut the clean-up short.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        try:
-            collector.shutdown()
-            wall = time.monotonic() - reporter.started
-            if reporter.pending or reporter.last_frames != collector.frames:
-                reporter.flush(echo=False)  # the last row describes the final state
-            checkpoint = None
-            if cfg.checkpoint:
-                state = {
-                    **trainer.state_dict(),
-                    "config": resolved,
-                    "model_spec": {"target": model_spec.target, "kwargs": model_spec.kwargs},
-                    "env_spec": env_spec,
-                    "episode_return_mean": reporter.tracker.mean_return,
-                    "stop_reason": stop_reason,
-                }
-                if buffer is not None and cfg.replay.storage == "disk":
-                    state["replay"] = buffer.state_dict()
-                    state["nstep"] = nstep.state_dict()
-                checkpoint = save_checkpoint(run_dir / "checkpoint.pt", state)
-            tracker = reporter.tracker
-            logger.summary({
-                "frames": collector.frames,
-                "wall_time_s": round(wall, 3),
-                "stop_reason": stop_reason,
-                "episode/return_mean": tracker.mean_return,
-                "episode/count": tracker.total,
-                "solved": stop_reason == "target_return",
-            })
-            logger.close(exit_code=code)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        collector.shutdown()
+        if reporter.pending or reporter.last_frames != collector.frames:
+            reporter.flush(echo=False)  # the last row describes the final state
+        checkpoint = None
+        if cfg.checkpoint.enabled and not keep_last_good:
+            checkpoint = save_run_state(checkpoint_path, state(stop_reason))
+        tracker = reporter.tracker
+        logger.summary({
+            "frames": collector.frames,
+            "wall_time_s": round(reporter.elapsed, 3),
+            "stop_reason": stop_reason,
+            "episode/return_mean": tracker.mean_return,
+            "episode/count": tracker.total,
+            "solved": stop_reason == "target_return",
+        })
+        logger.close(exit_code=code)
     tracker = reporter.tracker
-    print(f"{stop_reason}: {collector.frames} frames in {wall:.1f} s, mean return "
+    print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, mean return "
           f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
           + (f"; checkpoint {checkpoint}" if checkpoint else ""), flush=True)
     if code == EXIT_FAILED:
@@ -210,9 +280,10 @@ def main_from_hydra(cfg: DictConfig) -> None:
     """The Hydra task: one-line errors and exit codes, no tracebacks for user mistakes."""
     from hydra.core.hydra_config import HydraConfig
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        code = run(cfg, run_dir)
+        code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), list(hydra_cfg.overrides.task)))
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)

@@ -57,6 +57,8 @@ class WorkersSchema:
     affinity: list[list[int]] | None = None
     #: niceness increment of process workers (0-19): they yield to the server and trainer
     nice: int = 0
+    #: seconds one env step may take before the worker counts as hung (null: never)
+    step_timeout: float | None = 60.0
 
 
 @dataclass
@@ -173,6 +175,14 @@ class LoggerSchema:
 
 
 @dataclass
+class CheckpointSchema:
+    #: write checkpoint.pt (model, optimiser, counters, RNG, episode statistics; a disk replay's state)
+    enabled: bool = True
+    #: seconds between checkpoints during the run (null: only at the end)
+    interval: float | None = 60.0
+
+
+@dataclass
 class Config:
     env: EnvSchema = MISSING
     model: ModelSchema = MISSING
@@ -191,12 +201,24 @@ class Config:
     torch_threads: int = 1
     #: show a progress bar
     progress: bool = True
-    #: save model, optimiser and counters at the end of the run
-    checkpoint: bool = True
+    #: checkpoints at the end and every checkpoint.interval seconds
+    checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
+    #: a run directory to continue (its saved config and checkpoint; overrides apply on top)
+    resume: str | None = None
 
 
 def register() -> None:
-    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    """Put every schema in Hydra's ConfigStore and the ``rlp_suffix`` resolver in OmegaConf (idempotent).
+
+    ``${rlp_suffix:}`` is a short random suffix for default run directory
+    names: two runs started in the same second get two directories.
+    """
+    import secrets
+
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("rlp_suffix"):
+        OmegaConf.register_new_resolver("rlp_suffix", lambda: secrets.token_hex(3), use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, name, node in (

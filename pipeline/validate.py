@@ -10,6 +10,7 @@ the config is such a line too, never a traceback.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -125,6 +126,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
         _check(cfg, "env.envs_per_worker", lambda v: v >= 1, ">= 1 (or null: auto)")
     _check(cfg, "workers.splits", *positive)
     _check(cfg, "workers.nice", lambda v: 0 <= v <= 19, "in [0, 19]")
+    if get("workers.step_timeout") is not None:
+        _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
     if check_env:
         env_id = get("env.id")
         try:
@@ -226,7 +229,7 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             _check(cfg, "replay.max_policy_lag", lambda v: v >= 0, ">= 0 (or null)")
     for key in ("frames_per_batch", "total_frames", "target_window"):
         _check(cfg, f"trainer.{key}", *positive)
-    _check(cfg, "trainer.lr", lambda v: v > 0, "> 0")
+    _check(cfg, "trainer.lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
     _check(cfg, "trainer.gamma", lambda v: 0 < v <= 1, "in (0, 1]")
     _check(cfg, "trainer.max_grad_norm", *non_negative)
     frames_per_batch = get("trainer.frames_per_batch")

@@ -96,6 +96,17 @@ def group_alive(pgid: int) -> list[int]:
     return alive
 
 
+def assert_group_gone(pgid: int, within: float = 10.0) -> None:
+    """Fail if a process of group ``pgid`` is still alive after ``within`` seconds (then kill them)."""
+    deadline = time.monotonic() + within
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = group_alive(pgid)
+    if left:
+        os.killpg(pgid, signal.SIGKILL)
+    assert not left, f"processes outlived the run: {left}"
+
+
 def sample_while_writing(buffer: Any, parts: list[Any], batch_size: int, check: Callable[[Any], None]) -> int:
     """Extend ``buffer`` with ``parts`` from a writer thread while the caller samples,
     checks every sample and updates priorities; returns the number of samples.

@@ -50,12 +50,16 @@ def make_recording_model(spec, delay: float = 0.0) -> RecordingModel:  # noqa: A
 class FaultyEnvFactory:
     """CartPole whose envs fail from their ``at_step``-th step (counted per process).
 
-    ``fault``: "raise" (an env that crashes) or "hang" (a step that blocks
-    for an hour: a hung simulator).
+    ``fault``: "raise" (an env that crashes), "hang" (a step that blocks for
+    an hour: a hung simulator) or "nan_reward" (a NaN reward). Usable from the
+    command line: ``env.factory._target_=tests.fakes.FaultyEnvFactory
+    +env.factory.at_step=30 +env.factory.fault=nan_reward``.
     """
 
-    def __init__(self, at_step: int, fault: str = "raise") -> None:
-        self.at_step, self.fault = at_step, fault
+    def __init__(self, at_step: int, fault: str = "raise", id: str = "CartPole-v1") -> None:  # noqa: A002
+        if fault not in ("raise", "hang", "nan_reward"):
+            raise ValueError(f"unknown fault {fault!r}")
+        self.at_step, self.fault, self.id = at_step, fault, id
 
     def __call__(self):  # noqa: ANN204
         import gymnasium as gym
@@ -70,10 +74,13 @@ class FaultyEnvFactory:
                 if Faulty.steps >= at_step:
                     if fault == "hang":
                         time.sleep(3600)
+                    if fault == "nan_reward":
+                        obs, reward, term, trunc, info = self.env.step(action)
+                        return obs, float("nan"), term, trunc, info
                     raise RuntimeError(f"boom at step {at_step}")
                 return self.env.step(action)
 
-        return Faulty(gym.make("CartPole-v1"))
+        return Faulty(gym.make(self.id))
 
 
 class ExplodingEnvFactory(FaultyEnvFactory):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, group_alive, run_pipeline
+from tests.conftest import ROOT, assert_group_gone, group_alive, run_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -153,16 +153,6 @@ def _wait_for_training(proc: subprocess.Popen, timeout: float = 120.0) -> None:
     pytest.fail("the run never started training")
 
 
-def _assert_group_gone(pgid: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = group_alive(pgid)
-    if left:
-        os.killpg(pgid, signal.SIGKILL)
-    assert not left, f"processes outlived the run: {left}"
-
-
 def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
     run_dir = tmp_path / "interrupted"
     proc = _start(["workers=process"], run_dir)
@@ -172,7 +162,7 @@ def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
     proc.communicate(timeout=30)
     assert time.monotonic() - sent < 10
     assert proc.returncode == 130
-    _assert_group_gone(proc.pid, within=5)
+    assert_group_gone(proc.pid, within=5)
     _, summary = _rows(run_dir)
     assert summary["stop_reason"].startswith("interrupted")
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["frames"] > 0
@@ -185,4 +175,4 @@ def test_sigkill_of_the_runner_leaves_no_orphan_processes(tmp_path):
     assert len(children) >= 3, "worker and server processes are running"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    _assert_group_gone(proc.pid, within=5)
+    assert_group_gone(proc.pid, within=5)

@@ -66,7 +66,9 @@ class AsyncBatchedCollector:
     the caller; ``driver_affinity`` pins the driver-side threads (the
     server thread, thread workers, the replay writer) to those CPUs;
     ``stall_timeout`` (seconds, None: off) turns a wait for transitions that
-    never come into a :class:`CollectorError` naming what each worker waits on.
+    never come into a :class:`CollectorError` naming what each worker waits on;
+    ``step_timeout`` (seconds, None: off) does the same for one env step that
+    never returns (a hung process worker is killed first).
 
     Example::
 
@@ -89,6 +91,7 @@ class AsyncBatchedCollector:
         *,
         frames_per_batch: int,
         total_frames: int = -1,
+        initial_frames: int = 0,
         seed: int = 0,
         server_config: ServerConfig | None = None,
         interaction_mode: Any = InteractionMode.RANDOM,
@@ -99,6 +102,7 @@ class AsyncBatchedCollector:
         storing_device: str = "cpu",
         policy_version: int = 0,
         stall_timeout: float | None = 60.0,
+        step_timeout: float | None = 60.0,
         yield_completed_trajectories: bool = False,
         reset_at_each_iter: bool = False,
         post_collect_hook: Callable[[Any], None] | None = None,
@@ -131,14 +135,14 @@ class AsyncBatchedCollector:
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._trajectories = TrajectoryAssembler(frames_per_batch) if yield_completed_trajectories else None
         self._writer = ReplayWriter(replay_buffer, postproc, on_batch, self._driver_affinity)
-        self._frames = 0
+        self._frames = int(initial_frames)  # a resumed run counts on from its checkpoint
         self._started = self._closed = False
         self._iter_lock = threading.Lock()
         self._mp = mp.get_context("spawn")
-        self._build(stall_timeout)
+        self._build(stall_timeout, step_timeout)
 
     # ------------------------------------------------------------------ build
-    def _build(self, stall_timeout: float | None) -> None:
+    def _build(self, stall_timeout: float | None, step_timeout: float | None) -> None:
         g = self.graph
         served = self.model_spec.build(self.env_spec).eval()
         self.layout = derive_layout(served, self.env_spec.observation_field())
@@ -170,7 +174,7 @@ class AsyncBatchedCollector:
         for r in rows:
             spans.append((first, first + r - 1))
             first += r
-        self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout)
+        self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout)
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:

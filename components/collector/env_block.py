@@ -61,6 +61,8 @@ class EnvBlock:
             raise
         self.spec = EnvSpec.from_env(self._envs[0])
         self._discrete = self.spec.action_kind == "discrete"
+        # Integer observations (Atari frames) cannot be NaN: only float ones are checked.
+        self._float_obs = np.issubdtype(np.dtype(self.spec.obs_dtype), np.floating)
         if not self._discrete:
             self._low = np.asarray(self.spec.action_low, np.float32).reshape(self.spec.action_shape)
             self._high = np.asarray(self.spec.action_high, np.float32).reshape(self.spec.action_shape)
@@ -129,6 +131,8 @@ class EnvBlock:
                 ended.append(i)
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
+        if not np.isfinite(reward_arr).all() or (self._float_obs and not np.isfinite(next_obs).all()):
+            self._non_finite(reward_arr, next_obs)
         rows["next.terminated"][:] = terminated
         rows["next.truncated"][:] = truncated
         done = rows["next.done"]
@@ -144,6 +148,19 @@ class EnvBlock:
             obs_out[i] = obs
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
+
+    def _non_finite(self, rewards: np.ndarray, next_obs: np.ndarray) -> None:
+        """Name the first env that returned a NaN or infinite reward or observation."""
+        flat = next_obs.reshape(len(self._envs), -1)
+        for i in range(len(self._envs)):
+            if not np.isfinite(rewards[i]):
+                what = f"reward {rewards[i]}"
+            elif self._float_obs and not np.isfinite(flat[i]).all():
+                what = "observation with NaN/inf values"
+            else:
+                continue
+            raise ValueError(f"env {int(self.env_ids[i])} returned a non-finite {what} at its step "
+                             f"{int(self.env_step[i]) + 1}")
 
     def close(self) -> None:
         for env in self._envs:

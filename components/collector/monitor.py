@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from components.collector.worker import ACTIVITIES, EXITED, FAILED, PAUSED, RUNNING, TIMING, WorkerControl
+from components.collector.worker import ACTIVITIES, EXITED, FAILED, RUNNING, STEPPING, TIMING, WorkerControl
 
 
 class CollectorError(RuntimeError):
@@ -27,10 +27,11 @@ class GraphMonitor:
     """Health checks, the stall watchdog and worker timing of one collector."""
 
     def __init__(self, control: WorkerControl, workers: Any, server: Any, env_ids: list[tuple[int, int]],
-                 stall_timeout: float | None) -> None:
+                 stall_timeout: float | None, step_timeout: float | None = None) -> None:
         self.control, self.workers, self.server = control, workers, server
         self.env_ids = env_ids  # (first, last) env of each worker
         self.stall_timeout = stall_timeout
+        self.step_timeout = step_timeout
         self._timing_mark: tuple[float, np.ndarray] | None = None
 
     def check_health(self) -> None:
@@ -44,6 +45,28 @@ class GraphMonitor:
                 raise CollectorError(self.control.error(w))
             if not self.workers.alive(w) and status[w] != EXITED:
                 raise CollectorError(f"env worker {w} stopped unexpectedly: {self.workers.exit_description(w)}")
+        if self.step_timeout is not None:
+            self._check_hangs()
+
+    def _check_hangs(self) -> None:
+        """A worker stuck in one env step longer than ``step_timeout`` is hung: kill it (a process) and fail."""
+        now = time.monotonic()
+        control = self.control
+        for w, (first, last) in enumerate(self.env_ids):
+            if control.status[w] != RUNNING or control.activity[w] != STEPPING:
+                continue
+            stuck = now - float(control.heartbeat[w])
+            if stuck <= self.step_timeout:
+                continue
+            step = int(control.timing[w, TIMING.index("steps")]) + 1
+            if self.workers.backend == "process":
+                self.workers.kill(w)
+                fate = "its process was killed"
+            else:
+                fate = "a thread cannot be killed, so the run stops (use workers=process to contain hangs)"
+            raise CollectorError(f"env worker {w} (envs {first}-{last}) hung in its step {step}: no env of its "
+                                 f"block returned for {stuck:.0f} s (workers.step_timeout={self.step_timeout:g}); "
+                                 f"{fate}")
 
     def wait_for(self, state: int, timeout: float) -> None:
         """Block until every worker is ``RUNNING`` (built its envs) or ``PAUSED`` (parked), or exited.

@@ -12,7 +12,7 @@ from typing import Any
 from components.collector.chunks import ChunkWriter
 from components.collector.worker import WorkerControl, run_worker
 from components.collector.env_block import EnvBlock
-from components.lifecycle import become_child, force_stop, limit_threads, on_main_thread, set_affinity
+from components.lifecycle import become_child, force_stop, limit_threads, on_main_thread, set_affinity, start_immune
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class ProcessWorkers:
                 name=f"env-worker-{a.worker}",
                 daemon=True,
             )
-            process.start()
+            start_immune(process)
             self._processes.append(process)
 
     def alive(self, worker: int) -> bool:
@@ -166,6 +166,13 @@ class ProcessWorkers:
 
     def any_alive(self) -> bool:
         return any(p.is_alive() for p in self._processes)
+
+    def kill(self, worker: int) -> None:
+        """SIGKILL worker ``worker`` (a hung env step does not answer anything gentler)."""
+        process = self._processes[worker]
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
 
     @property
     def pids(self) -> list[int]:

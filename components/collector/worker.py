@@ -211,6 +211,7 @@ def _loop(
             held[i] = None
             waited = clock()
             activity[worker] = STEPPING
+            heartbeat[worker] = time.monotonic()  # when this block's step began: the hang watchdog's clock
             timing[1] += waited - started
             chunk["observation"][t, span] = obs[i]
             chunk["env_index"][t, span] = block.env_ids

@@ -30,7 +30,7 @@ from components.inference.loop import ServeLoop, ServerConfig
 from components.inference.slots import SlotTransport
 from components.inference.stats import STAT_KEYS, ServerStats
 from components.inference.weights import shared_weights, state_of
-from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity
+from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
 from components.models import ModelSpec
 from components.shm import FieldSpec, SharedArena
 
@@ -231,7 +231,7 @@ class InferenceServer:
                 self._affinity)
         if self.placement == "process":
             self._runner = self._ctx.Process(target=_server_main, args=args, name="inference-server", daemon=True)
-            self._runner.start()
+            start_immune(self._runner)
             self._child_conn.close()
             # From here on the liveness pipe closes exactly when the server process exits.
             self.transport.release_liveness_handle()

@@ -38,7 +38,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from components.replay.frame_match import FrameBatch, split_frames
-from components.replay.storage import Key, TensorStorage, to_tensordict
+from components.replay.storage import Key, TensorStorage, reserve_disk, to_tensordict
 
 _REFS = "_frame_refs"  # per stacked key: the serials of its frames, int64 [stack]
 _OLDEST = ("_frame_oldest",)  # the smallest serial a transition refers to
@@ -283,6 +283,7 @@ class FrameStackStorage:
             self.path.mkdir(parents=True, exist_ok=True)
             if create:
                 self._map = MemoryMappedTensor.empty(shape, dtype=dtype, filename=filename, existsok=True)
+                reserve_disk(filename, self._map.numel() * self._map.element_size())
             else:
                 if not filename.exists():
                     raise FileNotFoundError(f"cannot reopen the frame pool: {filename} is missing")

@@ -15,6 +15,7 @@ microseconds and keeps the mapping alive for as long as it lives.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -77,6 +78,26 @@ def to_tensordict(leaves: Mapping[Key, torch.Tensor], rows: int, device: Any = N
             node = node.setdefault(part, {})
         node[key[-1]] = value
     return TensorDict(tree, batch_size=[rows], device=device)
+
+
+def reserve_disk(filename: str | Path, nbytes: int) -> None:
+    """Allocate a memory-mapped file's blocks now.
+
+    A memory map over a sparse file fails on a full disk with SIGBUS at some
+    later write, which kills the process without a word; allocating up front
+    turns that into an ``OSError`` (ENOSPC) here, at start-up.
+    """
+    if not hasattr(os, "posix_fallocate") or nbytes <= 0:
+        return
+    fd = os.open(filename, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: keep the sparse file
+            return
+        raise OSError(err.errno, f"cannot reserve {nbytes / 1e9:.2f} GB for {filename}: {err.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def rows_of(batch: TensorDictBase) -> int:
@@ -273,6 +294,7 @@ class TensorStorage:
         if create:
             filename.parent.mkdir(parents=True, exist_ok=True)
             mapped = MemoryMappedTensor.empty(shape, dtype=leaf.dtype, filename=filename, existsok=True)
+            reserve_disk(filename, nbytes)
         else:
             if not filename.exists() or filename.stat().st_size < nbytes:
                 raise FileNotFoundError(

@@ -23,6 +23,23 @@ from torch import nn
 from components.trainers.budget import RunBudget
 
 
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN or infinite; the step that met it was not applied.
+
+    The runner stops on it and keeps the last good checkpoint instead of
+    saving weights that may already be poisoned.
+    """
+
+
+def check_finite(grad_norm: Any, loss: Any, where: str) -> None:
+    """Raise :class:`NonFiniteError` unless ``grad_norm`` (which a non-finite loss also poisons) is finite."""
+    import torch
+
+    if not bool(torch.isfinite(grad_norm)):
+        raise NonFiniteError(f"{where}: non-finite gradient norm {float(grad_norm)} (loss {float(loss)}); the "
+                             "weights were not updated (check trainer.lr and the env's observations and rewards)")
+
+
 @runtime_checkable
 class Trainer(Protocol):
     """A learner the runner drives, on-policy or from replay.

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.trainers.base import check_finite
 from components.trainers.budget import RunBudget
 
 
@@ -180,6 +181,7 @@ class DQNTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        check_finite(grad_norm, loss, f"DQN gradient step {self.updates + 1}")
         self.optimizer.step()
         self.updates += 1
         if self.updates % cfg.target_update_period == 0:

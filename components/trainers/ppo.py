@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.trainers.base import check_finite
 from components.trainers.budget import RunBudget
 
 
@@ -220,6 +221,7 @@ class PPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                check_finite(grad_norm, loss, f"PPO update {self._version + 1}")
                 self.optimizer.step()
             if cfg.target_kl is not None and float(torch.stack(approx_kls[-cfg.minibatches:]).mean()) > cfg.target_kl:
                 break

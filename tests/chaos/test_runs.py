@@ -1,0 +1,154 @@
+"""Chaos: ``python -m pipeline`` as a user runs it, with faults injected and processes killed.
+
+Every test is bounded in time, checks the exit code and the one line a user
+sees, and that no process of the run outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, assert_group_gone, run_pipeline
+
+pytestmark = pytest.mark.slow
+
+FAULTY = ["env.factory._target_=tests.fakes.FaultyEnvFactory"]
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.startswith(("wandb:", "  "))]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_two_runs_started_in_the_same_second_get_two_directories(tmp_path):
+    args = ["trainer.total_frames=512", "trainer.target_return=null", "logger=jsonl", "progress=false"]
+    procs = [_start(args + [f"seed={s}"], tmp_path) for s in (1, 2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-2000:]
+    runs = sorted(p.parent for p in tmp_path.glob("runs/*/*/metrics.jsonl"))
+    assert len(runs) == 2, runs
+    for run in runs:
+        rows = _rows(run)
+        assert sum("summary" in r for r in rows) == 1 and (run / "checkpoint.pt").exists()
+        assert (run / ".hydra" / "config.yaml").exists()
+
+
+def test_a_refused_run_leaves_the_existing_run_untouched(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_pipeline(["trainer.total_frames=512", "trainer.target_return=null", "logger=jsonl",
+                          "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    second = run_pipeline(["seed=7", "logger=jsonl", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert second.returncode == 2
+    assert _lines(second.stderr) == [_lines(second.stderr)[0]] and "already holds a run" in second.stderr
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before, "nothing of the existing run changed, .hydra/ included"
+
+
+@pytest.mark.parametrize("run_dir", ["/proc/no/such/dir", "/dev/null/run"])
+def test_an_unusable_run_directory_is_one_line_and_exit_2(tmp_path, run_dir):
+    result = run_pipeline([f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert _lines(result.stderr) == [f"config error: hydra.run.dir='{run_dir}': cannot write there "
+                                     f"({_lines(result.stderr)[0].rsplit('(', 1)[1]}"]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_nan_reward_stops_the_run_with_one_line_naming_the_env(tmp_path, workers):
+    run_dir = tmp_path / "nan"
+    result = run_pipeline([*FAULTY, "+env.factory.at_step=60", "+env.factory.fault=nan_reward", f"workers={workers}",
+                           "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in _lines(result.stderr) if line.startswith("error:")]
+    assert len(errors) == 1 and "returned a non-finite reward nan" in errors[0] and "env " in errors[0]
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_no_poisoned_checkpoint(tmp_path):
+    run_dir = tmp_path / "diverged"
+    result = run_pipeline(["trainer.lr=1e30", "trainer.anneal_lr=false", "trainer.target_return=null",
+                           "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in _lines(result.stderr) if line.startswith("error:")]
+    assert len(errors) == 1 and "non-finite gradient norm" in errors[0]
+    checkpoint = run_dir / "checkpoint.pt"
+    if checkpoint.exists():  # only a periodic one from before the divergence may be there
+        state = torch.load(checkpoint, weights_only=True)
+        assert all(bool(torch.isfinite(v).all()) for v in state["model"].values())
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_hung_env_step_ends_the_run_within_step_timeout(tmp_path, workers):
+    proc = _start([*FAULTY, "+env.factory.at_step=300", "+env.factory.fault=hang", f"workers={workers}",
+                   "workers.step_timeout=3", "trainer.target_return=null", "logger=jsonl", "progress=false",
+                   f"hydra.run.dir={tmp_path / 'hung'}"], tmp_path)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    errors = [line for line in _lines(err) if line.startswith("error:")]
+    assert len(errors) == 1 and "hung in its step" in errors[0] and "workers.step_timeout=3" in errors[0]
+    assert time.monotonic() - started < 60
+    assert_group_gone(proc.pid)
+
+
+@pytest.mark.parametrize(("sig", "after"), [(signal.SIGINT, 0.3), (signal.SIGTERM, 1.0), (signal.SIGINT, 1.7),
+                                          (signal.SIGTERM, 2.1), (signal.SIGINT, 2.5)])
+def test_a_signal_during_start_up_is_one_line_and_exit_130(tmp_path, sig, after):
+    run_dir = tmp_path / "early"
+    proc = _start(["workers=process", "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
+    time.sleep(after)
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert_group_gone(proc.pid)
+    assert "Traceback" not in out + err, err[-3000:]
+    if proc.returncode == 130 and not (run_dir / "metrics.jsonl").exists():
+        assert len(_lines(err)) == 1 and "interrupted" in err
+    else:  # the signal came after start-up: the normal clean stop
+        assert proc.returncode == 130 and (run_dir / "checkpoint.pt").exists()
+
+
+def test_a_run_killed_with_sigkill_resumes_to_its_budget_with_one_curve(tmp_path):
+    run_dir = tmp_path / "long"
+    proc = _start(["trainer.total_frames=12000", "trainer.target_return=null", "checkpoint.interval=1",
+                   "logger=jsonl", "logger.interval=0.5", "progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (run_dir / "checkpoint.pt").exists() and (run_dir / "metrics.jsonl").exists() \
+                and len(_rows(run_dir)) >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert_group_gone(proc.pid)
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert 0 < saved["frames"] < 12000, "killed half-way"
+    result = run_pipeline([f"resume={run_dir}"], cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(run_dir)
+    frames = [r["frames"] for r in rows if "summary" not in r]
+    assert frames == sorted(frames), "the frame column never goes back"
+    summaries = [r["summary"] for r in rows if "summary" in r]
+    assert len(summaries) == 1 and summaries[0]["frames"] == 12000
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert final["frames"] == 12000 and final["policy_version"] > saved["policy_version"]
+    assert final["episodes"]["total"] > saved["episodes"]["total"]
