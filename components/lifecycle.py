@@ -81,6 +81,101 @@ def start_immune(process: object) -> None:
             signal.signal(sig, handler)
 
 
+SEMAPHORE_PREFIX = "rlp"
+
+
+def name_semaphores_by_pid() -> None:
+    """Name this process's future semaphores ``/dev/shm/sem.rlp-<pid>-*`` (instead of ``mp-*``).
+
+    With the owner's pid in the name, leftovers of a run killed before it
+    could release them (:func:`release_semaphore_names`) can be told from a
+    live run's and swept (:func:`sweep_stale_semaphores`).
+    """
+    import multiprocessing
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if isinstance(config, dict):
+        config["semprefix"] = f"/{SEMAPHORE_PREFIX}-{os.getpid()}"
+
+
+def sweep_stale_semaphores(directory: str = "/dev/shm") -> int:
+    """Remove ``sem.rlp-<pid>-*`` entries whose process is gone; returns how many."""
+    removed = 0
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return 0
+    for entry in entries:
+        parts = entry.split("-")
+        if not entry.startswith(f"sem.{SEMAPHORE_PREFIX}-") or len(parts) < 3 or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its run is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(directory, entry))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def release_semaphore_names(*owners: object) -> int:
+    """Unlink the names of the process-shared semaphores and locks ``owners`` hold.
+
+    A ``spawn`` context's semaphores are POSIX named semaphores
+    (``/dev/shm/sem.mp-*``); children open them by name while unpickling
+    their arguments, and the names are removed by a tracker process when the
+    driver exits normally. A SIGKILL of the whole process group kills the
+    tracker too and leaves the names behind, run after run. Once every child
+    has opened them, the names are no longer needed: unlinking them then
+    keeps the semaphores working (open handles stay valid) and leaves
+    nothing in ``/dev/shm`` whatever happens next. Returns how many were
+    unlinked; thread-only primitives are skipped.
+    """
+    from multiprocessing import resource_tracker, synchronize, util
+
+    registry = getattr(util, "_finalizer_registry", None)
+    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
+    if registry is None or cleanup is None:  # another Python: leave the names to the tracker
+        return 0
+    names: set[str] = set()
+
+    def collect(value: object) -> None:
+        if isinstance(value, synchronize.SemLock):
+            name = getattr(value._semlock, "name", None)
+            if name:
+                names.add(name)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+
+    for owner in owners:
+        for value in vars(owner).values():
+            collect(value)
+    # The creator's exit-time clean-up would unlink the names again and complain.
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) is cleanup and getattr(finalizer, "_args", ())[:1] \
+                and finalizer._args[0] in names:
+            finalizer.cancel()
+    unlinked = 0
+    for name in names:
+        try:
+            synchronize.sem_unlink(name)
+            unlinked += 1
+        except FileNotFoundError:
+            pass
+        try:
+            resource_tracker.unregister(name, "semaphore")
+        except Exception:  # noqa: BLE001 - a tracker that is gone has nothing to forget
+            pass
+    return unlinked
+
+
 def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.collector.collector import AsyncBatchedCollector, CollectorError
 from components.envs import EnvConfigError, probe_env_spec
+from components.lifecycle import name_semaphores_by_pid, sweep_stale_semaphores
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
 from components.trainers.base import NonFiniteError, Trainer
@@ -143,6 +144,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     claimed = False
     try:
         raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
+        sweep_stale_semaphores()  # what runs killed during their start-up left in /dev/shm
+        name_semaphores_by_pid()
         machine = Machine.detect()
         validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
         hook = post_collect_hook(cfg)

@@ -36,6 +36,7 @@ from components.inference.server import InferenceServer, ServerError
 from components.inference.slots import SlotTransport
 from components.inference.transport import derive_layout
 from components.interaction import InteractionMode
+from components.lifecycle import release_semaphore_names
 from components.models import ModelSpec
 
 __all__ = ["AsyncBatchedCollector", "CollectorError", "GraphSpec"]
@@ -207,6 +208,9 @@ class AsyncBatchedCollector:
                 self._control, int(self.interaction_mode), self.layout.response_keys, affinity,
             )
             self._monitor.wait_for(RUNNING, self.start_timeout)  # start-up errors surface here
+            # Every process has opened the shared semaphores by now: drop their names, so a
+            # SIGKILL of the whole group leaves nothing in /dev/shm.
+            release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
             self._monitor.mark()
             if self.replay_buffer is not None:
                 self._writer.start(self._batches())

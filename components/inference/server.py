@@ -222,6 +222,11 @@ class InferenceServer:
     def backend(self) -> str:
         return self.placement
 
+    @property
+    def weights_channel(self) -> Any:
+        """The shared weights the server reads (its lock is process-shared in a process placement)."""
+        return self._weights
+
     def start(self, timeout: float = 120.0) -> InferenceServer:
         """Start serving; wait until the policy is built and serving (or raise why not)."""
         if self._runner is not None:

@@ -152,3 +152,27 @@ def test_a_run_killed_with_sigkill_resumes_to_its_budget_with_one_curve(tmp_path
     final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert final["frames"] == 12000 and final["policy_version"] > saved["policy_version"]
     assert final["episodes"]["total"] > saved["episodes"]["total"]
+
+
+@pytest.mark.parametrize("when", ["during start-up", "while training"])
+def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm_after_the_next_run(tmp_path, when):
+    before = set(os.listdir("/dev/shm"))
+    proc = _start(["workers=process", "server=process", "trainer.target_return=null", "logger=jsonl",
+                   "logger.interval=0.5", "progress=false", f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
+    deadline = time.monotonic() + 120
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and (when == "during start-up" or metrics.read_text().count("\n") >= 2):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert_group_gone(proc.pid)
+    if when == "while training":  # the names were dropped once every process had opened them
+        assert not set(os.listdir("/dev/shm")) - before
+    # whatever a kill during start-up left is swept by the next run
+    result = run_pipeline(["trainer.total_frames=256", "logger=jsonl", f"hydra.run.dir={tmp_path / 'next'}"],
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    left = set(os.listdir("/dev/shm")) - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"

@@ -1,0 +1,64 @@
+"""Config fuzz: bad overrides on the command line, each one line and exit 2 before the plan."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+BAD = [
+    "server.max_batch_size=0", "server.max_batch_size=-3", "server.min_batch_size=0", "server.min_batch_size=999",
+    "server.timeout=-1", "server.num_threads=0", "server.stats_reservoir=0", "server.engine=jax",
+    "server.backend=gpu", "server.static_batch_size=8", "env.num_envs=0", "env.num_envs=-1",
+    "env.envs_per_worker=0", "env.id=NoSuchEnv-v0", "env.id=CartPol-v1", "workers.splits=0", "workers.nice=25",
+    "workers.nice=-1", "workers.step_timeout=0", "workers.affinity=[[0]]", "transport.kind=wormhole",
+    "device.policy_device=tpu", "device.policy_device=cuda", "device.trainer_device=cuda:3",
+    "device.storing_device=cuda", "chunking.mode=sometimes", "chunking.chunks_per_worker=0",
+    "chunking.chunks_per_worker=2", "collector.stall_timeout=0", "collector.stall_timeout=-5",
+    "collector.policy_version=-1", "collector.driver_affinity=[99]", "collector.post_collect_hook=no.such.hook",
+    "trainer.frames_per_batch=0", "trainer.total_frames=0", "trainer.total_frames=-5", "trainer.target_window=0",
+    "trainer.lr=0", "trainer.lr=-0.1", "trainer.lr=inf", "trainer.gamma=0", "trainer.gamma=1.5",
+    "trainer.gae_lambda=2", "trainer.clip_coef=0", "trainer.epochs=0", "trainer.minibatches=0",
+    "trainer.minibatches=100000", "trainer.ent_coef=-1", "trainer.max_policy_lag=-1", "trainer.max_grad_norm=-1",
+    "trainer.name=dqn", "trainer.name=a2c", "replay=uniform", "logger.interval=0", "logger.mode=sometimes",
+    "torch_threads=0", "seed=-1", "model.encoder=resnet", "model.activation=gelu", "model.hidden=[]",
+    "model.hidden=[0]", "trainer.frames_per_batch=100000000000", "hydra.run.dir=/proc/nope",
+    "env.factory._target_=no.such.Factory",
+]
+DQN_BAD = ["replay.capacity=0", "replay.alpha=-1", "replay.beta=2", "replay.eps=0", "replay.storage=tape",
+           "replay.frame_dedup=maybe", "replay.frame_dedup=true", "replay.max_policy_lag=-2", "trainer.tau=0",
+           "trainer.batch_size=0", "trainer.batch_size=1000000", "trainer.n_step=0", "trainer.eps_start=2",
+           "trainer.eps_fraction=0", "replay.storage=disk replay.capacity=10000000000"]
+CASES = [[o] for o in BAD] + [["trainer=dqn", "replay=uniform", *o.split()] for o in DQN_BAD]
+
+
+def _run(args: list[str], tmp) -> subprocess.CompletedProcess:  # noqa: ANN001
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    run_dir = [] if any(a.startswith("hydra.run.dir") for a in args) else \
+        [f"hydra.run.dir={tmp / ('r' + str(abs(hash(tuple(args)))))}"]
+    return subprocess.run([sys.executable, "-m", "pipeline", *args, *run_dir], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(900)
+def test_at_least_fifty_bad_overrides_are_each_one_line_and_exit_2_before_the_plan(tmp_path):
+    assert len(CASES) >= 50
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda args: (args, _run(args, tmp_path)), CASES))
+    failures = []
+    for args, result in results:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        ok = (result.returncode == 2 and len(lines) == 1 and lines[0].startswith("config error: ")
+              and "plan:" not in result.stdout and "Traceback" not in result.stdout + result.stderr)
+        if not ok:
+            failures.append(f"{' '.join(args)} -> exit {result.returncode}, stdout {result.stdout[-300:]!r}, "
+                            f"stderr {result.stderr[-600:]!r}")
+    assert not failures, "\n".join(failures)
+    assert not list(tmp_path.glob("*/metrics.jsonl")), "a refused run wrote metrics"
