@@ -78,13 +78,14 @@ class EnvSpec:
         )
 
 
-def env_seeds(seed: int, num_envs: int) -> list[int]:
+def env_seeds(seed: int, num_envs: int, restart: int = 0) -> list[int]:
     """Distinct, independent seeds for every env, derived from one run seed.
 
     ``SeedSequence.spawn`` gives statistically independent streams, so seed 0
     and seed 1 never share an env seed the way ``seed + i`` schemes do.
+    ``restart`` > 0 gives the fresh envs of a restarted worker new streams.
     """
-    children = np.random.SeedSequence(seed).spawn(num_envs)
+    children = np.random.SeedSequence([seed, restart] if restart else seed).spawn(num_envs)
     return [int(child.generate_state(1, dtype=np.uint32)[0]) for child in children]
 
 

@@ -59,6 +59,10 @@ class WorkersSchema:
     nice: int = 0
     #: seconds one env step may take before the worker counts as hung (null: never)
     step_timeout: float | None = 60.0
+    #: restarts of a crashed or hung worker (fresh envs) within restart_window before the run fails
+    max_restarts: int = 3
+    #: seconds over which max_restarts is counted
+    restart_window: float = 300.0
 
 
 @dataclass

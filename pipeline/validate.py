@@ -126,6 +126,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
         _check(cfg, "env.envs_per_worker", lambda v: v >= 1, ">= 1 (or null: auto)")
     _check(cfg, "workers.splits", *positive)
     _check(cfg, "workers.nice", lambda v: 0 <= v <= 19, "in [0, 19]")
+    _check(cfg, "workers.max_restarts", lambda v: v >= 0, ">= 0 (0: a crashed worker fails the run)")
+    _check(cfg, "workers.restart_window", lambda v: v > 0, "> 0 seconds")
     if get("workers.step_timeout") is not None:
         _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
     if check_env:

@@ -47,6 +47,16 @@ def make_recording_model(spec, delay: float = 0.0) -> RecordingModel:  # noqa: A
     return RecordingModel(delay=delay)
 
 
+def _first_to_claim(path: str) -> bool:
+    import os
+
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 class FaultyEnvFactory:
     """CartPole whose envs fail from their ``at_step``-th step (counted per process).
 
@@ -56,22 +66,24 @@ class FaultyEnvFactory:
     +env.factory.at_step=30 +env.factory.fault=nan_reward``.
     """
 
-    def __init__(self, at_step: int, fault: str = "raise", id: str = "CartPole-v1") -> None:  # noqa: A002
+    def __init__(self, at_step: int, fault: str = "raise", id: str = "CartPole-v1",  # noqa: A002
+                 once: str | None = None) -> None:
         if fault not in ("raise", "hang", "nan_reward"):
             raise ValueError(f"unknown fault {fault!r}")
-        self.at_step, self.fault, self.id = at_step, fault, id
+        self.at_step, self.fault, self.id, self.once = at_step, fault, id, once
 
     def __call__(self):  # noqa: ANN204
         import gymnasium as gym
 
-        at_step, fault = self.at_step, self.fault
+        at_step, fault, once = self.at_step, self.fault, self.once
 
         class Faulty(gym.Wrapper):
             steps = 0
 
             def step(self, action):  # noqa: ANN001, ANN202
                 Faulty.steps += 1
-                if Faulty.steps >= at_step:
+                # ``once``: a marker file; only the first env to create it fails (a restart then succeeds)
+                if Faulty.steps >= at_step and (once is None or _first_to_claim(once)):
                     if fault == "hang":
                         time.sleep(3600)
                     if fault == "nan_reward":

@@ -131,8 +131,12 @@ def test_state_dict_restores_the_carried_transitions() -> None:
     assert (b(stream[3:]) == a(stream[3:])).all()
 
 
-def test_a_gap_in_env_steps_is_an_error_not_a_wrong_return() -> None:
+def test_a_gap_in_env_steps_cuts_the_window_and_a_repeated_step_is_an_error() -> None:
     nstep = NStepReturns(n=3, gamma=0.9)
-    nstep(transitions([0, 0], [0, 1], [1.0, 1.0], [False, False]))
-    with pytest.raises(ValueError, match="env 0: env_step goes from 1 to 5"):
-        nstep(transitions([0], [5], [1.0], [False]))
+    assert nstep(transitions([0, 0], [0, 1], [1.0, 1.0], [False, False])).batch_size[0] == 0
+    out = nstep(transitions([0, 0, 0], [5, 6, 7], [1.0, 1.0, 1.0], [False, False, False]))
+    # steps 0 and 1 end at the gap (a restarted worker): 2 and 1 steps, never reaching into step 5
+    assert out["env_step"].tolist()[:2] == [0, 1] and out["next", "n_steps"].tolist()[:2] == [2, 1]
+    assert out["next", "reward"].tolist()[:2] == pytest.approx([1.9, 1.0])
+    with pytest.raises(ValueError, match="env 0: env_step 7 arrived twice"):
+        nstep(transitions([0], [7], [1.0], [False]))

@@ -61,7 +61,11 @@ class ChunkPool:
         total = self.num_workers * chunks_per_worker
         width = max(self.rows)
         arena_fields = [f.with_leading(total, chunk_len, width) for f in self.fields]
-        arena_fields += [FieldSpec("ctl.ring", (total,), "int64"), FieldSpec("ctl.written", (1,), "int64")]
+        arena_fields += [FieldSpec("ctl.ring", (total,), "int64"), FieldSpec("ctl.written", (1,), "int64"),
+                         # per worker: the chunk it fills next, and whether it holds one (a restarted
+                         # worker goes on where its predecessor stopped)
+                         FieldSpec("ctl.next", (self.num_workers,), "int64"),
+                         FieldSpec("ctl.writing", (self.num_workers,), "int8")]
         self._arena = SharedArena(arena_fields)
         self._ready = ctx.Semaphore(0)
         self._ring_lock = ctx.Lock()
@@ -135,6 +139,19 @@ class ChunkPool:
         """Hand chunk ``gid`` back to its worker."""
         self._free[self.worker_of(gid)].release()
 
+    def reclaim(self, worker: int) -> None:
+        """After ``worker`` died: give back the chunk it was filling, so its successor starts there.
+
+        The dead worker's committed chunks stay in the ring and are delivered
+        as usual; only the half-filled one is dropped (its transitions were
+        never announced).
+        """
+        writing, nxt = self._arena.array("ctl.writing"), self._arena.array("ctl.next")
+        if writing[worker]:
+            nxt[worker] = (nxt[worker] - 1) % self.chunks_per_worker
+            writing[worker] = 0
+            self._free[worker].release()
+
 
 class ChunkWriter:
     """A worker's end of the pool: fill chunks in order, commit, repeat."""
@@ -144,18 +161,19 @@ class ChunkWriter:
         self._arena, self._fields, self.worker, self.rows = arena, list(fields), worker, rows
         self.chunk_len, self._per_worker = chunk_len, chunks_per_worker
         self._free, self._ready, self._ring_lock = free, ready, ring_lock
-        self._next = 0
         self._current: int | None = None
         self._bind()
 
     def _bind(self) -> None:
         self._ring = self._arena.array("ctl.ring")
         self._written = self._arena.array("ctl.written")
+        self._next = self._arena.array("ctl.next")
+        self._writing = self._arena.array("ctl.writing")
         self._chunk_views: dict[int, dict[str, np.ndarray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_ring", "_written", "_chunk_views"):
+        for key in ("_ring", "_written", "_next", "_writing", "_chunk_views"):
             state.pop(key)
         return state
 
@@ -167,8 +185,10 @@ class ChunkWriter:
         """The next free chunk's arrays (``[chunk_len, rows, ...]``), or None after ``timeout``."""
         if not self._free.acquire(timeout=timeout):
             return None
-        gid = self.worker * self._per_worker + self._next
-        self._next = (self._next + 1) % self._per_worker
+        w = self.worker
+        gid = w * self._per_worker + int(self._next[w])
+        self._next[w] = (self._next[w] + 1) % self._per_worker
+        self._writing[w] = 1
         self._current = gid
         views = self._chunk_views.get(gid)
         if views is None:
@@ -186,6 +206,7 @@ class ChunkWriter:
             self._ring[index % self._ring.shape[0]] = gid
             self._written[0] = index + 1
         self._ready.release()
+        self._writing[self.worker] = 0
 
 
 def thread_context() -> Any:

@@ -28,6 +28,7 @@ from components.collector.chunks import ChunkPool
 from components.collector.graph import GraphSpec
 from components.collector.monitor import CollectorError, GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
+from components.collector.restarts import WorkerRestarts
 from components.collector.worker import PAUSED, RUNNING, WorkerControl, transition_fields
 from components.collector.writer import ReplayWriter
 from components.envs import EnvSpec, env_seeds, probe_env_spec
@@ -104,6 +105,8 @@ class AsyncBatchedCollector:
         policy_version: int = 0,
         stall_timeout: float | None = 60.0,
         step_timeout: float | None = 60.0,
+        max_restarts: int = 0,
+        restart_window: float = 300.0,
         yield_completed_trajectories: bool = False,
         reset_at_each_iter: bool = False,
         post_collect_hook: Callable[[Any], None] | None = None,
@@ -141,6 +144,8 @@ class AsyncBatchedCollector:
         self._iter_lock = threading.Lock()
         self._mp = mp.get_context("spawn")
         self._build(stall_timeout, step_timeout)
+        self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window))
+        self._monitor.restart = self._restarts if max_restarts > 0 else None
 
     # ------------------------------------------------------------------ build
     def _build(self, stall_timeout: float | None, step_timeout: float | None) -> None:
@@ -209,8 +214,11 @@ class AsyncBatchedCollector:
             )
             self._monitor.wait_for(RUNNING, self.start_timeout)  # start-up errors surface here
             # Every process has opened the shared semaphores by now: drop their names, so a
-            # SIGKILL of the whole group leaves nothing in /dev/shm.
-            release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
+            # SIGKILL of the whole group leaves nothing in /dev/shm; unless a restarted worker
+            # process will need to open them again (then the runner's sweep of dead runs'
+            # pid-named semaphores cleans up after a kill).
+            if self.graph.workers == "thread" or self._monitor.restart is None:
+                release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
             self._monitor.mark()
             if self.replay_buffer is not None:
                 self._writer.start(self._batches())
@@ -338,8 +346,11 @@ class AsyncBatchedCollector:
         return self.server.stats(reset=reset)
 
     def worker_stats(self) -> dict[str, Any]:
-        """Where worker time went since the last call (see :meth:`GraphMonitor.worker_stats`)."""
-        return self._monitor.worker_stats()
+        """Where worker time went since the last call (see :meth:`GraphMonitor.worker_stats`), and restarts."""
+        out = self._monitor.worker_stats()
+        if out:
+            out["worker_restarts"] = self._restarts.count
+        return out
 
     @contextlib.contextmanager
     def pause(self, timeout: float = 30.0) -> Iterator[None]:

@@ -47,6 +47,7 @@ class EnvBlock:
         factory: Callable[[], Any],
         env_ids: Sequence[int],
         seeds: Sequence[int],
+        first_step: int = 0,
     ) -> None:
         if len(env_ids) != len(seeds):
             raise ValueError("one seed per env is required")
@@ -69,8 +70,10 @@ class EnvBlock:
         n = len(self._envs)
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
-        #: Steps taken by each env since the block started (contiguous per env).
-        self.env_step = np.zeros(n, np.int64)
+        #: Steps taken by each env since the block started (contiguous per env). A block that
+        #: replaces a crashed one starts past its predecessor's steps, leaving a gap that tells
+        #: learners the trajectory was cut there.
+        self.env_step = np.full(n, first_step, np.int64)
 
     def __len__(self) -> int:
         return len(self._envs)

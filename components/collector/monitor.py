@@ -32,6 +32,8 @@ class GraphMonitor:
         self.env_ids = env_ids  # (first, last) env of each worker
         self.stall_timeout = stall_timeout
         self.step_timeout = step_timeout
+        #: ``(worker, cause) -> bool``: replace a dead worker (True) or let the run fail (False)
+        self.restart: Any = None
         self._timing_mark: tuple[float, np.ndarray] | None = None
 
     def check_health(self) -> None:
@@ -42,11 +44,15 @@ class GraphMonitor:
         status = self.control.status
         for w in range(len(self.env_ids)):
             if status[w] == FAILED:
-                raise CollectorError(self.control.error(w))
-            if not self.workers.alive(w) and status[w] != EXITED:
-                raise CollectorError(f"env worker {w} stopped unexpectedly: {self.workers.exit_description(w)}")
+                self._worker_down(w, self.control.error(w))
+            elif not self.workers.alive(w) and status[w] != EXITED:
+                self._worker_down(w, f"env worker {w} stopped unexpectedly: {self.workers.exit_description(w)}")
         if self.step_timeout is not None:
             self._check_hangs()
+
+    def _worker_down(self, worker: int, cause: str) -> None:
+        if self.restart is None or not self.restart(worker, cause):
+            raise CollectorError(cause)
 
     def _check_hangs(self) -> None:
         """A worker stuck in one env step longer than ``step_timeout`` is hung: kill it (a process) and fail."""
@@ -59,14 +65,13 @@ class GraphMonitor:
             if stuck <= self.step_timeout:
                 continue
             step = int(control.timing[w, TIMING.index("steps")]) + 1
-            if self.workers.backend == "process":
-                self.workers.kill(w)
-                fate = "its process was killed"
-            else:
-                fate = "a thread cannot be killed, so the run stops (use workers=process to contain hangs)"
-            raise CollectorError(f"env worker {w} (envs {first}-{last}) hung in its step {step}: no env of its "
-                                 f"block returned for {stuck:.0f} s (workers.step_timeout={self.step_timeout:g}); "
-                                 f"{fate}")
+            cause = (f"env worker {w} (envs {first}-{last}) hung in its step {step}: no env of its block returned "
+                     f"for {stuck:.0f} s (workers.step_timeout={self.step_timeout:g})")
+            if self.workers.backend != "process":
+                raise CollectorError(f"{cause}; a thread cannot be killed, so the run stops "
+                                     "(use workers=process to contain hangs)")
+            self.workers.kill(w)
+            self._worker_down(w, f"{cause}; its process was killed")
 
     def wait_for(self, state: int, timeout: float) -> None:
         """Block until every worker is ``RUNNING`` (built its envs) or ``PAUSED`` (parked), or exited.

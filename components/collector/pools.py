@@ -27,6 +27,7 @@ class WorkerAssignment:
     env_ids: tuple[int, ...]
     seeds: tuple[int, ...]
     split_sizes: tuple[int, ...]
+    first_step: int = 0
 
 
 class _BlockMaker:
@@ -40,7 +41,7 @@ class _BlockMaker:
         try:
             for size in a.split_sizes:
                 ids = slice(first, first + size)
-                blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids]))
+                blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids], a.first_step))
                 first += size
         except BaseException:
             for block in blocks:
@@ -88,15 +89,28 @@ class ThreadWorkers:
               channels: Sequence[list[Any]], writers: Sequence[ChunkWriter], control: WorkerControl,
               mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
         for a, worker_channels, writer in zip(assignments, channels, writers):
-            thread = threading.Thread(
-                target=self._run,
-                args=(self._affinity, a.worker, _BlockMaker(factory, a), worker_channels, writer, control, mode,
-                      response_keys),
-                name=f"env-worker-{a.worker}",
-                daemon=True,
-            )
-            thread.start()
+            self.launch(a, factory, worker_channels, writer, control, mode, response_keys, affinity)
+
+    def launch(self, a: WorkerAssignment, factory: Callable[[], Any], channels: list[Any], writer: ChunkWriter,
+               control: WorkerControl, mode: int, response_keys: tuple[str, ...],
+               affinity: Sequence[list[int]] | None = None) -> None:
+        """Start worker ``a.worker`` (again, after :meth:`retire`, to replace a crashed one)."""
+        thread = threading.Thread(
+            target=self._run,
+            args=(self._affinity, a.worker, _BlockMaker(factory, a), channels, writer, control, mode, response_keys),
+            name=f"env-worker-{a.worker}",
+            daemon=True,
+        )
+        thread.start()
+        if a.worker < len(self._threads):
+            self._threads[a.worker] = thread
+        else:
             self._threads.append(thread)
+
+    def retire(self, worker: int) -> bool:
+        """Make sure worker ``worker`` is gone; False if it cannot be (a thread still running)."""
+        self._threads[worker].join(1.0)
+        return not self._threads[worker].is_alive()
 
     @staticmethod
     def _run(affinity: list[int] | None, *args: Any) -> None:
@@ -137,18 +151,31 @@ class ProcessWorkers:
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
               channels: Sequence[list[Any]], writers: Sequence[ChunkWriter], control: WorkerControl,
               mode: int, response_keys: tuple[str, ...], affinity: Sequence[list[int]] | None = None) -> None:
-        from_main = on_main_thread()
         for a, worker_channels, writer in zip(assignments, channels, writers):
-            cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
-            process = self._ctx.Process(
-                target=_process_main,
-                args=(a, factory, worker_channels, writer, control, mode, response_keys, cpus, self._nice,
-                      os.getpid(), from_main),
-                name=f"env-worker-{a.worker}",
-                daemon=True,
-            )
-            start_immune(process)
+            self.launch(a, factory, worker_channels, writer, control, mode, response_keys, affinity)
+
+    def launch(self, a: WorkerAssignment, factory: Callable[[], Any], channels: list[Any], writer: ChunkWriter,
+               control: WorkerControl, mode: int, response_keys: tuple[str, ...],
+               affinity: Sequence[list[int]] | None = None) -> None:
+        """Start worker ``a.worker`` (again, after :meth:`retire`, to replace a crashed one)."""
+        cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
+        process = self._ctx.Process(
+            target=_process_main,
+            args=(a, factory, channels, writer, control, mode, response_keys, cpus, self._nice,
+                  os.getpid(), on_main_thread()),
+            name=f"env-worker-{a.worker}",
+            daemon=True,
+        )
+        start_immune(process)
+        if a.worker < len(self._processes):
+            self._processes[a.worker] = process
+        else:
             self._processes.append(process)
+
+    def retire(self, worker: int) -> bool:
+        """Make sure worker ``worker`` is gone (killed if it still runs); always possible."""
+        self.kill(worker)
+        return True
 
     def alive(self, worker: int) -> bool:
         return self._processes[worker].is_alive()

@@ -62,6 +62,11 @@ def _arena_fields(layout: Layout, slots: int, rows: int) -> list[FieldSpec]:
         FieldSpec("ctl.submitted_at", (slots,), "float64"),
         FieldSpec("ctl.status", (slots,), "int8"),
         FieldSpec("ctl.error", (slots, _ERROR_BYTES), "uint8"),
+        # Request numbers: the client numbers each request, the server echoes the number it
+        # drained, and a client accepts only the answer to its own latest request. That keeps
+        # a restarted worker from taking the late answer to its dead predecessor's request.
+        FieldSpec("ctl.req_seq", (slots,), "int64"),
+        FieldSpec("ctl.resp_seq", (slots,), "int64"),
     ]
     return fields
 
@@ -110,13 +115,18 @@ class SlotTransport(InferenceTransport):
         self._next_client = 0
         self._next_slot = 0
         self._server_views: dict[str, Any] | None = None
+        self._drained_seq = np.zeros(num_slots, np.int64)
 
     # ----------------------------------------------------------- client side
-    def client(self) -> SlotClient:
-        slot = self._next_client
-        if slot >= self.num_slots:
-            raise RuntimeError(f"all {self.num_slots} slots already have a client")
-        self._next_client += 1
+    def client(self, slot: int | None = None) -> SlotClient:
+        """The client of the next free slot, or a fresh one for ``slot`` (a restarted worker's)."""
+        if slot is None:
+            slot = self._next_client
+            if slot >= self.num_slots:
+                raise RuntimeError(f"all {self.num_slots} slots already have a client")
+            self._next_client += 1
+        elif not 0 <= slot < self._next_client:
+            raise ValueError(f"slot {slot} has no client yet")
         return SlotClient(self._arena, slot, self._doorbell, self._lock, self._wakeups[slot], self._alive_reader, self.layout)
 
     def release_liveness_handle(self) -> None:
@@ -173,6 +183,7 @@ class SlotTransport(InferenceTransport):
             chosen = ready[:count]
             flags[chosen] = 0
             stamps = self._arena.array("ctl.submitted_at")[chosen]
+            self._drained_seq[chosen] = self._arena.array("ctl.req_seq")[chosen]
         slots = chosen.tolist()
         self._next_slot = (slots[-1] + 1) % self.num_slots
         # Doorbells of requests swept together with another one are stale
@@ -205,6 +216,7 @@ class SlotTransport(InferenceTransport):
             value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
             bank[index] = value.reshape(k, self.rows_per_slot, *bank.shape[2:])
         self._arena.array("ctl.status")[index] = _OK
+        self._arena.array("ctl.resp_seq")[index] = self._drained_seq[index]
         for pending in requests:
             self._wakeups[pending.handle].release()
 
@@ -212,7 +224,9 @@ class SlotTransport(InferenceTransport):
         message = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[: _ERROR_BYTES - 1]
         errors = self._arena.array("ctl.error")
         status = self._arena.array("ctl.status")
+        resp_seq = self._arena.array("ctl.resp_seq")
         for pending in requests:
+            resp_seq[pending.handle] = self._drained_seq[pending.handle]
             errors[pending.handle, :] = 0
             errors[pending.handle, : len(message)] = np.frombuffer(message, np.uint8)
             status[pending.handle] = _FAILED
@@ -251,6 +265,7 @@ class SlotClient:
         self._rows = a.array("ctl.rows")
         self._submitted = a.array("ctl.submitted_at")
         self._status = a.array("ctl.status")
+        self._req_seq, self._resp_seq = a.array("ctl.req_seq"), a.array("ctl.resp_seq")
         self._in_flight = False
         self._checked = float("-inf")
 
@@ -280,6 +295,7 @@ class SlotClient:
             self.modes[:] = mode
         self._rows[self.slot] = rows
         self._submitted[self.slot] = stamp
+        self._req_seq[self.slot] += 1
         self._in_flight = True
         with self._lock:
             self._ready[self.slot] = 1
@@ -315,13 +331,16 @@ class SlotClient:
         Returns views of the response slot, valid until the next submit.
         """
         waited = 0.0
-        while not self._wakeup.acquire(timeout=_PEER_CHECK_S):
-            if self._alive.poll():
-                self._in_flight = False
-                raise ServerDiedError(f"the inference server exited while slot {self.slot} waited for actions")
-            waited += _PEER_CHECK_S
-            if timeout is not None and waited >= timeout:
-                raise TimeoutError(f"no response for slot {self.slot} within {timeout} s")
+        while True:
+            while not self._wakeup.acquire(timeout=_PEER_CHECK_S):
+                if self._alive.poll():
+                    self._in_flight = False
+                    raise ServerDiedError(f"the inference server exited while slot {self.slot} waited for actions")
+                waited += _PEER_CHECK_S
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(f"no response for slot {self.slot} within {timeout} s")
+            if self._resp_seq[self.slot] == self._req_seq[self.slot]:
+                break  # otherwise: the late answer to a dead predecessor's request; wait on
         self._in_flight = False
         if self._status[self.slot] != _OK:
             raw = bytes(self._arena.array("ctl.error")[self.slot])

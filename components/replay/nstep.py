@@ -86,10 +86,14 @@ class NStepReturns:
         step = full.get(self.step_key).reshape(-1).cpu().numpy()
         order = np.lexsort((step, env))  # by env, then by step
         env, step = env[order], step[order]
-        self._check_contiguous(env, step)
+        self._check_order(env, step)
         reward_t = full.get(("next", "reward"))
         reward = reward_t.reshape(rows, -1)[:, 0].cpu().numpy().astype(np.float64)[order]
         done = self._done(full)[order]
+        # A forward gap in an env's steps is where a crashed worker's envs were replaced: the
+        # trajectory was cut there, so the window closes as at a truncation (bootstrapping
+        # from the last observation before the gap, never across it).
+        done[:-1] |= (env[1:] == env[:-1]) & (step[1:] != step[:-1] + 1)
 
         # Walk the window: k steps ahead of row i is row i + k when it belongs to the same env.
         here = np.arange(rows)
@@ -124,13 +128,13 @@ class NStepReturns:
         self._carry = full[torch.from_numpy(held)] if held.size else None
         return out
 
-    def _check_contiguous(self, env: np.ndarray, step: np.ndarray) -> None:
+    def _check_order(self, env: np.ndarray, step: np.ndarray) -> None:
         same = env[1:] == env[:-1]
-        jumps = np.nonzero(same & (step[1:] != step[:-1] + 1))[0]
-        if jumps.size:
-            i = int(jumps[0])
-            raise ValueError(f"env {int(env[i])}: {self.step_key} goes from {int(step[i])} to {int(step[i + 1])}; "
-                             "an env's steps must arrive in order, each once, without gaps")
+        repeats = np.nonzero(same & (step[1:] == step[:-1]))[0]
+        if repeats.size:
+            i = int(repeats[0])
+            raise ValueError(f"env {int(env[i])}: {self.step_key} {int(step[i])} arrived twice; "
+                             "an env's steps must arrive once each")
 
     @staticmethod
     def _done(td: TensorDictBase) -> np.ndarray:

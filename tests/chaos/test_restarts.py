@@ -1,0 +1,113 @@
+"""Worker restarts: a crashed, killed or hung worker is replaced with fresh envs, within a budget."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from components.collector.collector import AsyncBatchedCollector, CollectorError, GraphSpec
+from components.models import ModelSpec
+from tests.conftest import run_pipeline
+from tests.fakes import FaultyEnvFactory
+
+SMALL_MLP = ModelSpec("components.models.ActorCritic", {"hidden": [16]})
+
+
+def _collector(graph: GraphSpec, factory, total: int, **options) -> AsyncBatchedCollector:  # noqa: ANN001
+    return AsyncBatchedCollector(factory, SMALL_MLP, graph, frames_per_batch=32, total_frames=total, seed=4,
+                                 **options)
+
+
+def _per_env_steps(batches: list) -> dict[int, list[int]]:
+    steps: dict[int, list[int]] = defaultdict(list)
+    for batch in batches:
+        for e, s in zip(batch["env_index"].tolist(), batch["env_step"].tolist()):
+            steps[e].append(s)
+    return steps
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_crashed_worker_is_replaced_and_collection_reaches_its_budget(tmp_path, workers, capfd):
+    graph = GraphSpec(workers, "thread", num_envs=4, envs_per_worker=2, chunk_len=2)
+    factory = FaultyEnvFactory(at_step=40, fault="raise", once=str(tmp_path / "crashed"))
+    collector = _collector(graph, factory, 32 * 30, max_restarts=2)
+    try:
+        batches = [b.clone() for b in collector]
+    finally:
+        collector.shutdown()
+    assert sum(b.numel() for b in batches) == 32 * 30
+    assert collector.worker_stats().get("worker_restarts", collector._restarts.count) == 1
+    assert "restarted with fresh envs (1/2 within 300 s)" in capfd.readouterr().err
+    steps = _per_env_steps(batches)
+    assert all(len(s) == len(set(s)) for s in steps.values()), "no env step delivered twice"
+    gaps = [e for e, s in steps.items() if np.any(np.diff(sorted(s)) > 1)]
+    assert gaps, "the restarted envs start past a gap, which cuts their trajectories"
+
+
+def test_a_sigkilled_worker_process_is_replaced():
+    graph = GraphSpec("process", "thread", num_envs=4, envs_per_worker=2, chunk_len=2)
+    from components.envs import GymEnvFactory
+
+    collector = _collector(graph, GymEnvFactory("CartPole-v1"), -1, max_restarts=1).start()
+    try:
+        for _ in range(3):
+            collector.next_batch()
+        os.kill(collector.workers.pids[0], signal.SIGKILL)
+        for _ in range(40):
+            collector.next_batch()
+        assert collector._restarts.count == 1
+        os.kill(collector.workers.pids[0], signal.SIGKILL)  # the budget is spent: the next death fails
+        started = time.monotonic()
+        with pytest.raises(CollectorError, match=r"env worker 0 stopped unexpectedly: .*after 1 restart\(s\)"):
+            for _ in range(200):
+                collector.next_batch()
+        assert time.monotonic() - started < 10
+    finally:
+        collector.shutdown()
+
+
+def test_a_worker_that_keeps_crashing_fails_the_run_after_max_restarts():
+    graph = GraphSpec("process", "thread", num_envs=2, envs_per_worker=2, chunk_len=2)
+    collector = _collector(graph, FaultyEnvFactory(at_step=20, fault="raise"), -1, max_restarts=2).start()
+    try:
+        with pytest.raises(CollectorError, match=r"boom at step 20 \(after 2 restart\(s\) within 300 s; "
+                                                 r"workers.max_restarts=2\)"):
+            for _ in range(500):
+                collector.next_batch()
+        assert collector._restarts.count == 2
+    finally:
+        collector.shutdown()
+
+
+def test_a_hung_process_worker_is_killed_and_replaced(tmp_path):
+    graph = GraphSpec("process", "thread", num_envs=2, envs_per_worker=2, chunk_len=2)
+    factory = FaultyEnvFactory(at_step=30, fault="hang", once=str(tmp_path / "hung"))
+    collector = _collector(graph, factory, 32 * 10, max_restarts=1, step_timeout=2.0)
+    try:
+        started = time.monotonic()
+        batches = list(collector)
+        assert time.monotonic() - started < 60
+    finally:
+        collector.shutdown()
+    assert sum(b.numel() for b in batches) == 320 and collector._restarts.count == 1
+
+
+@pytest.mark.slow
+def test_a_run_with_a_crashing_env_restarts_it_and_reaches_total_frames(tmp_path):
+    import json
+
+    run_dir = tmp_path / "run"
+    result = run_pipeline(["env.factory._target_=tests.fakes.FaultyEnvFactory", "+env.factory.at_step=300",
+                           f"+env.factory.once={tmp_path / 'marker'}", "workers=process", "env.envs_per_worker=4",
+                           "trainer.total_frames=6000", "trainer.target_return=null", "logger=jsonl",
+                           "logger.interval=0.5", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: env worker" in result.stderr and "boom at step 300" in result.stderr
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["summary"]["frames"] == 6000
+    assert max(r.get("collector/worker_restarts", 0) for r in rows[:-1]) >= 1
