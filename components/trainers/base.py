@@ -23,6 +23,15 @@ from torch import nn
 from components.trainers.budget import RunBudget
 
 
+def config_from(config_class: type, config: Any, hyper: dict[str, Any], owner: str) -> Any:
+    """A trainer's config: the one given, or one built from keyword hyper-parameters (how Hydra builds it)."""
+    if config is None:
+        return config_class(**hyper)
+    if hyper:
+        raise TypeError(f"{owner}: pass config or hyper-parameters, not both (got {sorted(hyper)})")
+    return config
+
+
 class NonFiniteError(RuntimeError):
     """A loss or gradient was NaN or infinite; the step that met it was not applied.
 

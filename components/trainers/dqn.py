@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from components.trainers.base import check_finite
+from components.trainers.base import check_finite, config_from
 from components.trainers.budget import RunBudget
 
 
@@ -73,10 +73,7 @@ class DQNTrainer:
 
     def __init__(self, model: nn.Module, config: DQNConfig | None = None, *, device: str = "cpu",
                  policy_version: int = 0, **hyper: Any) -> None:
-        if config is None:
-            config = DQNConfig(**hyper)
-        elif hyper:
-            raise TypeError(f"DQNTrainer: pass config or hyper-parameters, not both (got {sorted(hyper)})")
+        config = config_from(DQNConfig, config, hyper, "DQNTrainer")
         self.config = config
         self.device = torch.device(device)
         self.model = model.to(self.device)

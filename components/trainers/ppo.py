@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.trainers.base import check_finite
+from components.trainers.base import check_finite, config_from
 from components.trainers.budget import RunBudget
 
 
@@ -102,10 +102,7 @@ class PPOTrainer:
 
     def __init__(self, model: nn.Module, config: PPOConfig | None = None, *, device: str = "cpu",
                  policy_version: int = 0, **hyper: Any) -> None:
-        if config is None:
-            config = PPOConfig(**hyper)
-        elif hyper:
-            raise TypeError(f"PPOTrainer: pass config or hyper-parameters, not both (got {sorted(hyper)})")
+        config = config_from(PPOConfig, config, hyper, "PPOTrainer")
         self.model = model.to(device)
         self.config = config
         self.device = torch.device(device)
