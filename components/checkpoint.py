@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,18 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # Serialised in memory first: torch's zip writer turns a failed write (a full disk) into a
+    # RuntimeError about file positions; a plain write says ENOSPC.
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
     try:
         with open(tmp, "wb") as fh:
-            torch.save(state, fh)
+            fh.write(buffer.getbuffer())
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        raise OSError(err.errno, f"{err.strerror} (writing {path})") from None
     finally:
         if tmp.exists():
             tmp.unlink()

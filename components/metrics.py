@@ -30,6 +30,35 @@ def _clean(value: Any) -> Any:
     return f if math.isfinite(f) else None
 
 
+class _JsonLines:
+    """An append-only file of whole lines: a write that fails (a full disk) leaves no partial line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        if self._fd is None:
+            return
+        data = (json.dumps(row) + "\n").encode("utf-8")
+        size = os.fstat(self._fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as err:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                pass
+            raise OSError(err.errno, f"{err.strerror} (writing {self.path})") from None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class MetricsLogger:
     """Writes metric rows to the sinks ``kind`` selects.
 
@@ -68,11 +97,11 @@ class MetricsLogger:
         self.kind = kind
         self.interval = interval
         self.run_dir = Path(run_dir)
-        self._file = None
+        self._file: _JsonLines | None = None
         self._wandb_run = None
         if kind in ("wandb", "jsonl"):
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            self._file = _JsonLines(self.run_dir / "metrics.jsonl")
         if kind == "wandb":
             import wandb
 
@@ -102,8 +131,7 @@ class MetricsLogger:
     def log(self, metrics: Mapping[str, Any], *, frames: int) -> None:
         row = {"frames": int(frames), **{k: _clean(v) for k, v in metrics.items()}}
         if self._file is not None:
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
+            self._file.append(row)
         if self._wandb_run is not None:
             numeric = {k: v for k, v in row.items() if isinstance(v, (int, float))}
             self._wandb_run.log(numeric, step=int(frames))
@@ -112,8 +140,7 @@ class MetricsLogger:
         """Final values (wandb run summary; a last ``summary`` row in the file)."""
         clean = {k: _clean(v) for k, v in values.items()}
         if self._file is not None:
-            self._file.write(json.dumps({"summary": clean}) + "\n")
-            self._file.flush()
+            self._file.append({"summary": clean})
         if self._wandb_run is not None:
             self._wandb_run.summary.update(clean)
 

@@ -12,10 +12,12 @@ unless the failure was numerical (then the last good checkpoint is kept).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,7 @@ from pipeline.budgets import check_budgets
 from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.resume import rewind_metrics
-from pipeline.rundir import LOCK, claim_run_dir, write_hydra_files
+from pipeline.rundir import LOCK, DiskReserve, claim_run_dir, write_hydra_files
 from pipeline.signals import _PENDING, raise_if_pending
 from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.validate import ConfigError, validate
@@ -161,15 +163,25 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         print(plan, flush=True)
         return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous)
     except (KeyboardInterrupt, Interrupted) as err:  # before training started: nothing to keep
-        if claimed and not cfg.resume and not any((run_dir / name).exists() for name in ("checkpoint.pt",
-                                                                                          "metrics.jsonl")):
-            (run_dir / LOCK).unlink(missing_ok=True)
-            shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+        if claimed:
+            _unclaim(cfg, run_dir)
         print(f"interrupted during start-up ({err or 'SIGINT'}); nothing was written", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except ConfigError:
+        if claimed:
+            _unclaim(cfg, run_dir)
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _unclaim(cfg: DictConfig, run_dir: Path) -> None:
+    """Give back a directory claimed by a run that stopped before writing anything (a rerun may use it)."""
+    if not cfg.resume and not any((run_dir / name).exists() for name in ("checkpoint.pt", "metrics.jsonl")):
+        (run_dir / LOCK).unlink(missing_ok=True)
+        (run_dir / DiskReserve.NAME).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
 
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
@@ -190,6 +202,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         trainer.load_state_dict(restored)
         set_rng_state(restored["rng"])
     buffer, nstep = build_replay(cfg, run_dir, plan, algo)
+    reserve = DiskReserve(run_dir, final_write_bytes(trainer, cfg))
     if restored is not None and buffer is not None and restored.get("replay") is not None:
         buffer.load_state_dict(restored["replay"])
         nstep.load_state_dict(restored["nstep"])
@@ -206,7 +219,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
         policy_version=trainer.policy_version, stall_timeout=c.stall_timeout,
         step_timeout=cfg.workers.step_timeout, max_restarts=int(cfg.workers.max_restarts),
-        restart_window=float(cfg.workers.restart_window),
+        restart_window=float(cfg.workers.restart_window), server_restarts=int(cfg.server.max_restarts),
+        skip_non_finite=algo.nan_policy == "skip",
         yield_completed_trajectories=bool(c.yield_completed_trajectories),
         reset_at_each_iter=bool(c.reset_at_each_iter), post_collect_hook=hook,
         driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
@@ -250,34 +264,62 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         stop_reason, code = f"failed: {err}", EXIT_FAILED
     except NonFiniteError as err:
         stop_reason, code, keep_last_good = f"failed: {err}", EXIT_FAILED, True
+    except OSError as err:  # a write to the run directory failed (a full disk): end cleanly, say so
+        stop_reason, code = f"failed: cannot write to the run directory: {err}", EXIT_FAILED
+        reserve.release()  # room for the last row, the summary and the checkpoint
     finally:
-        reporter.close()
         # No second Ctrl-C may cut the clean-up short.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        collector.shutdown()
-        if reporter.pending or reporter.last_frames != collector.frames:
-            reporter.flush(echo=False)  # the last row describes the final state
-        checkpoint = None
-        if cfg.checkpoint.enabled and not keep_last_good:
-            checkpoint = save_run_state(checkpoint_path, state(stop_reason))
         tracker = reporter.tracker
-        logger.summary({
-            "frames": collector.frames,
-            "wall_time_s": round(reporter.elapsed, 3),
-            "stop_reason": stop_reason,
-            "episode/return_mean": tracker.mean_return,
-            "episode/count": tracker.total,
-            "solved": stop_reason == "target_return",
-        })
-        logger.close(exit_code=code)
-    tracker = reporter.tracker
+        checkpoint = None
+        lost: list[str] = []  # final writes that failed even so
+        with _best_effort(lost, "close the progress display"):
+            reporter.close()
+        collector.shutdown()
+        reserve.release()
+        if reporter.pending or reporter.last_frames != collector.frames:
+            with _best_effort(lost, "write the last metrics row"):
+                reporter.flush(echo=False)  # the last row describes the final state
+        if cfg.checkpoint.enabled and not keep_last_good:
+            with _best_effort(lost, "write the final checkpoint"):
+                checkpoint = save_run_state(checkpoint_path, state(stop_reason))
+        with _best_effort(lost, "write the summary"):
+            logger.summary({
+                "frames": collector.frames,
+                "wall_time_s": round(reporter.elapsed, 3),
+                "stop_reason": stop_reason,
+                "episode/return_mean": tracker.mean_return,
+                "episode/count": tracker.total,
+                "solved": stop_reason == "target_return",
+            })
+        with _best_effort(lost, "close the logger"):
+            logger.close(exit_code=code)
+        if lost and code == EXIT_OK:
+            stop_reason, code = f"failed: could not {lost[0]}", EXIT_FAILED
     print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, mean return "
           f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
           + (f"; checkpoint {checkpoint}" if checkpoint else ""), flush=True)
     if code == EXIT_FAILED:
         print(f"error: {stop_reason.removeprefix('failed: ')}", file=sys.stderr, flush=True)
     return code
+
+
+def final_write_bytes(trainer: Trainer, cfg: DictConfig) -> int:
+    """What the last checkpoint may need on disk: model, optimiser moments, a target copy, replay bookkeeping."""
+    model = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
+    replay = 16 * int(cfg.replay.capacity) if cfg.replay.kind != "none" and cfg.replay.storage == "disk" else 0
+    return 4 * model + replay + (8 << 20)
+
+
+@contextlib.contextmanager
+def _best_effort(lost: list[str], what: str) -> Iterator[None]:
+    """Run one final write; an ``OSError`` is noted in ``lost`` (and on stderr), never raised."""
+    try:
+        yield
+    except OSError as err:
+        lost.append(f"{what} ({err})")
+        print(f"warning: could not {what}: {err}", file=sys.stderr, flush=True)
 
 
 def main_from_hydra(cfg: DictConfig) -> None:

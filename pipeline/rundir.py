@@ -94,3 +94,43 @@ def write_hydra_files(run_dir: Path, task_config: Any, hydra_config: Any, overri
     tmp = out / ".overrides.yaml.tmp"
     tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     os.replace(tmp, out / "overrides.yaml")
+
+
+class DiskReserve:
+    """Space kept aside in the run directory for the last checkpoint and summary.
+
+    When the disk fills up during a run (another process, a growing log),
+    every later write fails, the final checkpoint included. Like a
+    database's reserve file, a preallocated ``.disk_reserve`` is removed the
+    moment a write fails for lack of space, so the run can still end with
+    its last metrics row, summary and checkpoint written. Released at the
+    end of every run; one left by a SIGKILL is taken over by the next
+    ``resume``.
+    """
+
+    NAME = ".disk_reserve"
+
+    def __init__(self, run_dir: Path, nbytes: int) -> None:
+        self.path = run_dir / self.NAME
+        self.nbytes = int(nbytes)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, self.nbytes)
+                else:  # pragma: no cover - not Linux
+                    os.ftruncate(fd, self.nbytes)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            self.path.unlink(missing_ok=True)
+            raise ConfigError(f"hydra.run.dir={str(run_dir)!r}: cannot keep {self.nbytes / 1e6:.0f} MB free for the "
+                              f"final checkpoint ({err.strerror or err}); free some disk space") from None
+
+    def release(self) -> bool:
+        """Give the space back; True if there was any to give."""
+        try:
+            self.path.unlink()
+            return True
+        except FileNotFoundError:
+            return False

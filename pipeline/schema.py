@@ -89,6 +89,8 @@ class ServerSchema:
     engine: str = "auto"
     #: CUDA only: pad batches to this many rows and replay a captured CUDA graph (null: off)
     static_batch_size: int | None = None
+    #: times a dead inference server is restarted (latest weights, all workers with fresh envs) per run
+    max_restarts: int = 1
 
 
 @dataclass

@@ -128,6 +128,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "workers.nice", lambda v: 0 <= v <= 19, "in [0, 19]")
     _check(cfg, "workers.max_restarts", lambda v: v >= 0, ">= 0 (0: a crashed worker fails the run)")
     _check(cfg, "workers.restart_window", lambda v: v > 0, "> 0 seconds")
+    _check(cfg, "server.max_restarts", lambda v: v >= 0, ">= 0 (0: a dead server fails the run)")
+    _one_of(cfg, "trainer.nan_policy", ("error", "skip"))
     if get("workers.step_timeout") is not None:
         _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
     if check_env:

@@ -61,14 +61,15 @@ class FaultyEnvFactory:
     """CartPole whose envs fail from their ``at_step``-th step (counted per process).
 
     ``fault``: "raise" (an env that crashes), "hang" (a step that blocks for
-    an hour: a hung simulator) or "nan_reward" (a NaN reward). Usable from the
+    an hour: a hung simulator), "nan_reward" (a NaN reward) or "nan_obs"
+    (an all-NaN observation). Usable from the
     command line: ``env.factory._target_=tests.fakes.FaultyEnvFactory
     +env.factory.at_step=30 +env.factory.fault=nan_reward``.
     """
 
     def __init__(self, at_step: int, fault: str = "raise", id: str = "CartPole-v1",  # noqa: A002
                  once: str | None = None) -> None:
-        if fault not in ("raise", "hang", "nan_reward"):
+        if fault not in ("raise", "hang", "nan_reward", "nan_obs"):
             raise ValueError(f"unknown fault {fault!r}")
         self.at_step, self.fault, self.id, self.once = at_step, fault, id, once
 
@@ -89,6 +90,9 @@ class FaultyEnvFactory:
                     if fault == "nan_reward":
                         obs, reward, term, trunc, info = self.env.step(action)
                         return obs, float("nan"), term, trunc, info
+                    if fault == "nan_obs":
+                        obs, reward, term, trunc, info = self.env.step(action)
+                        return obs * float("nan"), reward, term, trunc, info
                     raise RuntimeError(f"boom at step {at_step}")
                 return self.env.step(action)
 

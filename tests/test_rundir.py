@@ -74,3 +74,27 @@ def test_budgets_refuse_buffers_that_cannot_fit_before_anything_starts(tmp_path)
     cfg = compose()
     check_budgets(cfg, resolve_plan(cfg, machine, cartpole), cartpole, tmp_path)  # the default fits
     assert transition_bytes(frames, frame_dedup=True) < transition_bytes(frames) / 6
+
+
+def test_the_disk_reserve_is_allocated_up_front_and_released_once(tmp_path):
+    from pipeline.rundir import DiskReserve
+
+    reserve = DiskReserve(tmp_path, 1 << 20)
+    assert reserve.path.stat().st_size == 1 << 20
+    assert reserve.path.stat().st_blocks * 512 >= 1 << 20, "really allocated, not a sparse file"
+    assert reserve.release() and not reserve.path.exists()
+    assert not reserve.release()
+
+
+def test_a_disk_without_room_for_the_reserve_is_one_config_error(tmp_path, monkeypatch):
+    import errno
+
+    from pipeline.rundir import DiskReserve
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(ConfigError, match=r"cannot keep 9 MB free for the final checkpoint \(No space left"):
+        DiskReserve(tmp_path, 9_000_000)
+    assert not (tmp_path / DiskReserve.NAME).exists()

@@ -36,6 +36,7 @@ from components.inference.loop import ServerConfig
 from components.inference.server import InferenceServer, ServerError
 from components.inference.slots import SlotTransport
 from components.inference.transport import derive_layout
+from components.inference.weights import WeightsLockError
 from components.interaction import InteractionMode
 from components.lifecycle import release_semaphore_names
 from components.models import ModelSpec
@@ -107,6 +108,8 @@ class AsyncBatchedCollector:
         step_timeout: float | None = 60.0,
         max_restarts: int = 0,
         restart_window: float = 300.0,
+        server_restarts: int = 0,
+        skip_non_finite: bool = False,
         yield_completed_trajectories: bool = False,
         reset_at_each_iter: bool = False,
         post_collect_hook: Callable[[Any], None] | None = None,
@@ -135,6 +138,7 @@ class AsyncBatchedCollector:
         self.post_collect_hook = post_collect_hook
         self.start_timeout = 120.0
         self._seed = seed
+        self.skip_non_finite = bool(skip_non_finite)
         self._initial_version = int(policy_version)
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._trajectories = TrajectoryAssembler(frames_per_batch) if yield_completed_trajectories else None
@@ -143,9 +147,11 @@ class AsyncBatchedCollector:
         self._started = self._closed = False
         self._iter_lock = threading.Lock()
         self._mp = mp.get_context("spawn")
+        self._server_lock = threading.RLock()  # a server restart vs. a weights push from another thread
         self._build(stall_timeout, step_timeout)
-        self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window))
+        self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window), int(server_restarts))
         self._monitor.restart = self._restarts if max_restarts > 0 else None
+        self._monitor.restart_server = self._restarts.restart_server if server_restarts > 0 else None
 
     # ------------------------------------------------------------------ build
     def _build(self, stall_timeout: float | None, step_timeout: float | None) -> None:
@@ -166,14 +172,9 @@ class AsyncBatchedCollector:
         self._splits = [g.split_sizes(r) for r in rows]
         slot_rows = max(max(sizes) for sizes in self._splits)
         num_slots = sum(len(sizes) for sizes in self._splits)
-        slots_ctx = worker_ctx if worker_ctx is not threading else server_ctx
-        self._slots = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=slots_ctx)
-        self.server = InferenceServer(
-            self.model_spec, self._slots, self.server_config, env_spec=self.env_spec, placement=g.server,
-            policy_version=self._initial_version, ctx=self._mp, template=served.state_dict(),
-            affinity=self._driver_affinity if g.server == "thread" else None,
-        )
-        self._channels = [[self._slots.client() for _ in sizes] for sizes in self._splits]
+        self._slots_shape = (num_slots, slot_rows, worker_ctx if worker_ctx is not threading else server_ctx)
+        self._template = served.state_dict()
+        self._slots, self.server, self._channels = self._server_side(self._initial_version)
         self.workers: Any = (ProcessWorkers(self._mp, g.worker_nice) if g.workers == "process"
                              else ThreadWorkers(self._driver_affinity))
         spans, first = [], 0
@@ -181,6 +182,29 @@ class AsyncBatchedCollector:
             spans.append((first, first + r - 1))
             first += r
         self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout)
+
+    def _server_side(self, version: int) -> tuple[SlotTransport, InferenceServer, list[list[Any]]]:
+        """A fresh transport, a server for it (not started) and every block's client."""
+        num_slots, slot_rows, ctx = self._slots_shape
+        slots = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=ctx)
+        server = InferenceServer(
+            self.model_spec, slots, self.server_config, env_spec=self.env_spec, placement=self.graph.server,
+            policy_version=version, ctx=self._mp, template=self._template,
+            affinity=self._driver_affinity if self.graph.server == "thread" else None,
+        )
+        return slots, server, [[slots.client() for _ in sizes] for sizes in self._splits]
+
+    def _release_names(self) -> None:
+        """Drop the semaphore names once every process opened them, unless a relaunched process needs them.
+
+        With the names gone a SIGKILL of the whole group leaves nothing in
+        /dev/shm; a run that may relaunch worker processes keeps them (the
+        runner's sweep of dead runs' pid-named semaphores cleans up after a
+        kill then). A restarted server always gets a new transport and
+        weights channel, so their old names are never needed again.
+        """
+        if self.graph.workers == "thread" or not self._restarts.may_relaunch_workers:
+            release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:
@@ -204,7 +228,8 @@ class AsyncBatchedCollector:
             assignments, first = [], 0
             for w, r in enumerate(self._rows):
                 ids = tuple(range(first, first + r))
-                assignments.append(WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), self._splits[w]))
+                assignments.append(WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), self._splits[w],
+                                                    skip_non_finite=self.skip_non_finite))
                 first += r
             affinity = [list(a) for a in self.graph.worker_affinity] if self.graph.worker_affinity else None
             self.workers.start(
@@ -213,12 +238,7 @@ class AsyncBatchedCollector:
                 self._control, int(self.interaction_mode), self.layout.response_keys, affinity,
             )
             self._monitor.wait_for(RUNNING, self.start_timeout)  # start-up errors surface here
-            # Every process has opened the shared semaphores by now: drop their names, so a
-            # SIGKILL of the whole group leaves nothing in /dev/shm; unless a restarted worker
-            # process will need to open them again (then the runner's sweep of dead runs'
-            # pid-named semaphores cleans up after a kill).
-            if self.graph.workers == "thread" or self._monitor.restart is None:
-                release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
+            self._release_names()  # every process has opened the shared semaphores by now
             self._monitor.mark()
             if self.replay_buffer is not None:
                 self._writer.start(self._batches())
@@ -233,7 +253,7 @@ class AsyncBatchedCollector:
             return
         self._closed = True
         self._writer.stopping()
-        self._control.stop[0] = 1
+        self._control.stop[:] = 1
         self._control.pause[0] = 0
         if self._started:
             self.workers.join(timeout)
@@ -334,7 +354,13 @@ class AsyncBatchedCollector:
         The server applies them between two batches; weights published
         before :meth:`start` are served from the first request.
         """
-        return self.server.update_weights(weights, version)
+        with self._server_lock:
+            if self._started and not self._closed and not self.server.is_alive:
+                self._monitor.check_health()  # restart it (or raise) before publishing to a dead one
+            try:
+                return self.server.update_weights(weights, version)
+            except WeightsLockError as err:
+                raise CollectorError(f"inference server ({self.server.backend}) died: {err}") from None
 
     @property
     def policy_version(self) -> int:
@@ -342,14 +368,24 @@ class AsyncBatchedCollector:
         return self.server.policy_version
 
     def server_stats(self, reset: bool = True) -> dict[str, float]:
-        """Server statistics since the last ``reset`` read (see :class:`~components.inference.stats.ServerStats`)."""
-        return self.server.stats(reset=reset)
+        """Server statistics since the last ``reset`` read (see :class:`~components.inference.stats.ServerStats`).
+
+        The ``*_total`` counters go on across a server restart (what the dead
+        server served since the last read is lost with it).
+        """
+        with self._server_lock:
+            out = self.server.stats(reset=reset)
+        for key, before in self._restarts.server_totals.items():
+            if key in out:
+                out[key] += before
+        return out
 
     def worker_stats(self) -> dict[str, Any]:
         """Where worker time went since the last call (see :meth:`GraphMonitor.worker_stats`), and restarts."""
         out = self._monitor.worker_stats()
         if out:
             out["worker_restarts"] = self._restarts.count
+            out["server_restarts"] = self._restarts.server_count
         return out
 
     @contextlib.contextmanager

@@ -36,7 +36,8 @@ class EnvBlock:
         >>> obs = np.zeros((2, 4), np.float32)
         >>> block.reset(obs)
         >>> rows = block.empty_rows()
-        >>> block.step(np.array([0, 1]), rows, obs)
+        >>> block.step(np.array([0, 1]), rows, obs)  # envs whose step was cut out as non-finite
+        0
         >>> rows["next.episode_length"].tolist()
         [1, 1]
         >>> block.close()
@@ -48,6 +49,7 @@ class EnvBlock:
         env_ids: Sequence[int],
         seeds: Sequence[int],
         first_step: int = 0,
+        skip_non_finite: bool = False,
     ) -> None:
         if len(env_ids) != len(seeds):
             raise ValueError("one seed per env is required")
@@ -74,6 +76,8 @@ class EnvBlock:
         #: replaces a crashed one starts past its predecessor's steps, leaving a gap that tells
         #: learners the trajectory was cut there.
         self.env_step = np.full(n, first_step, np.int64)
+        #: ``trainer.nan_policy=skip``: a non-finite step is cut out (see :meth:`step`), not an error
+        self.skip_non_finite = skip_non_finite
 
     def __len__(self) -> int:
         return len(self._envs)
@@ -106,8 +110,8 @@ class EnvBlock:
         rows: Mapping[str, np.ndarray],
         obs_out: np.ndarray,
         truncate: bool = False,
-    ) -> None:
-        """Step every env once.
+    ) -> int:
+        """Step every env once; returns how many envs' steps were cut out as non-finite.
 
         Writes the env half of the transition into ``rows`` (arrays indexed by
         env) and the observations the policy must act on next into
@@ -116,7 +120,14 @@ class EnvBlock:
         ``truncate`` ends every episode after this step, as a time limit
         would (``reset_at_each_iter``): the transition is marked truncated,
         so learners bootstrap it instead of chaining it to the next one.
+
+        A NaN or infinite reward or observation is an error naming the env;
+        with ``skip_non_finite`` the step is cut out instead: recorded as a
+        zero-reward truncation back to the observation acted on (so nothing
+        non-finite reaches a learner, and a bootstrap from it is neutral),
+        and the env is reset.
         """
+        skipped = 0
         next_obs = rows["next.observation"]
         acts = actions.tolist() if self._discrete else np.clip(actions, self._low, self._high)
         rewards = [0.0] * len(self._envs)
@@ -135,7 +146,15 @@ class EnvBlock:
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
         if not np.isfinite(reward_arr).all() or (self._float_obs and not np.isfinite(next_obs).all()):
-            self._non_finite(reward_arr, next_obs)
+            if not self.skip_non_finite:
+                self._non_finite(reward_arr, next_obs)
+            for i in self._non_finite_envs(reward_arr, next_obs):
+                next_obs[i] = obs_out[i]  # still the observation acted on
+                reward_arr[i] = 0.0
+                terminated[i], truncated[i] = False, True
+                if i not in ended:
+                    ended.append(i)
+                skipped += 1
         rows["next.terminated"][:] = terminated
         rows["next.truncated"][:] = truncated
         done = rows["next.done"]
@@ -151,6 +170,14 @@ class EnvBlock:
             obs_out[i] = obs
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
+        return skipped
+
+    def _non_finite_envs(self, rewards: np.ndarray, next_obs: np.ndarray) -> list[int]:
+        flat = next_obs.reshape(len(self._envs), -1)
+        bad = ~np.isfinite(rewards)
+        if self._float_obs:
+            bad |= ~np.isfinite(flat).all(axis=1)
+        return np.flatnonzero(bad).tolist()
 
     def _non_finite(self, rewards: np.ndarray, next_obs: np.ndarray) -> None:
         """Name the first env that returned a NaN or infinite reward or observation."""

@@ -11,6 +11,7 @@ and never counts.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -34,13 +35,28 @@ class GraphMonitor:
         self.step_timeout = step_timeout
         #: ``(worker, cause) -> bool``: replace a dead worker (True) or let the run fail (False)
         self.restart: Any = None
+        #: ``(cause) -> bool``: replace a dead server (and with it every worker) or let the run fail
+        self.restart_server: Any = None
+        self._lock = threading.RLock()
         self._timing_mark: tuple[float, np.ndarray] | None = None
 
     def check_health(self) -> None:
-        """Raise :class:`CollectorError` if a worker or the server is gone (the server first: workers fail with it)."""
+        """Raise :class:`CollectorError` if a worker or the server is gone (the server first: workers fail with it).
+
+        With restart hooks set, a dead part is replaced instead while the
+        budget lasts. One thread at a time: the replay writer and the
+        trainer's weight pushes both check.
+        """
+        with self._lock:
+            self._check_health()
+
+    def _check_health(self) -> None:
         if not self.server.is_alive:
             detail = self.server.error or "it exited"
-            raise CollectorError(f"the inference server ({self.server.backend}) died: {detail}")
+            cause = f"inference server ({self.server.backend}) died: {detail}"
+            if self.restart_server is None or not self.restart_server(cause):
+                raise CollectorError(cause)
+            return  # every worker was relaunched with it
         status = self.control.status
         for w in range(len(self.env_ids)):
             if status[w] == FAILED:
@@ -139,6 +155,7 @@ class GraphMonitor:
             out[f"{name}_frac"] = float(delta[:, c].mean() / wall)
         out["worker_frames_per_s"] = float(delta[:, TIMING.index("frames")].sum() / wall)
         out["rows_requested"] = int(delta[:, TIMING.index("rows_requested")].sum())
+        out["non_finite_skipped"] = int(timing[:, TIMING.index("non_finite_skipped")].sum())  # over the run
         fracs = {name: out[f"{name}_frac"] for name in names}
         out["bound"] = max(fracs, key=fracs.get)  # type: ignore[arg-type]
         return out

@@ -28,6 +28,8 @@ class WorkerAssignment:
     seeds: tuple[int, ...]
     split_sizes: tuple[int, ...]
     first_step: int = 0
+    #: ``trainer.nan_policy=skip``: cut a non-finite step out instead of failing
+    skip_non_finite: bool = False
 
 
 class _BlockMaker:
@@ -41,7 +43,8 @@ class _BlockMaker:
         try:
             for size in a.split_sizes:
                 ids = slice(first, first + size)
-                blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids], a.first_step))
+                blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids], a.first_step,
+                                       skip_non_finite=a.skip_non_finite))
                 first += size
         except BaseException:
             for block in blocks:

@@ -33,7 +33,7 @@ _ERROR_BYTES = 4096
 STARTING, RUNNING, FAILED, EXITED = 0, 1, 2, 3
 #: Columns of the per-worker timing table (``rows_requested``: observation
 #: rows sent to the server, the worker-side count of what it must serve).
-TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames", "rows_requested")
+TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames", "rows_requested", "non_finite_skipped")
 #: What a worker is doing now, by code (the ``activity`` column).
 ACTIVITIES = ("building its envs", "stepping envs", "waiting for actions from the inference server",
               "waiting for a free chunk (the consumer holds them all)", "paused")
@@ -55,7 +55,8 @@ class WorkerControl:
 
     def __init__(self, num_workers: int) -> None:
         self._arena = SharedArena([
-            FieldSpec("stop", (1,), "int8"),
+            # Per worker: all set to stop the graph, one to retire a worker (a server restart).
+            FieldSpec("stop", (num_workers,), "int8"),
             FieldSpec("pause", (1,), "int8"),
             FieldSpec("paused", (num_workers,), "int8"),
             FieldSpec("status", (num_workers,), "int8"),
@@ -100,7 +101,7 @@ class _Stopped(Exception):
 def _park(worker: int, control: WorkerControl) -> None:
     control.activity[worker] = PAUSED
     control.paused[worker] = 1
-    while control.pause[0] and not control.stop[0]:
+    while control.pause[0] and not control.stop[worker]:
         time.sleep(0.005)
     control.paused[worker] = 0
     control.heartbeat[worker] = time.monotonic()
@@ -135,7 +136,7 @@ def run_worker(
     except _Stopped:
         control.status[worker] = EXITED
     except BaseException as exc:
-        if not control.stop[0]:
+        if not control.stop[worker]:
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             ids = np.concatenate([b.env_ids for b in blocks])
             control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}")
@@ -164,7 +165,7 @@ def _loop(
     mode: int,
     response_keys: tuple[str, ...],
 ) -> None:
-    stop, pause, timing = control.stop, control.pause, control.timing[worker]
+    stop, pause, timing = control.stop[worker:worker + 1], control.pause, control.timing[worker]
     activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
     clock = time.perf_counter
     spans, obs, first = [], [], 0
@@ -219,7 +220,9 @@ def _loop(
             for key in response_keys:
                 chunk[key][t, span] = response[key][:n]
             row = {key: chunk[key][t, span] for key in NEXT_KEYS}
-            block.step(response["action"][:n], row, obs[i], truncate)
+            skipped = block.step(response["action"][:n], row, obs[i], truncate)
+            if skipped:
+                timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
             channel.submit(n, mode)
             timing[0] += clock() - waited
             timing[4] += n

@@ -258,6 +258,11 @@ class InferenceServer:
         return self
 
     @property
+    def pid(self) -> int | None:
+        """The server process's pid (None in a thread or before start)."""
+        return getattr(self._runner, "pid", None) if self.placement == "process" else None
+
+    @property
     def is_alive(self) -> bool:
         return self._runner is not None and self._runner.is_alive()
 

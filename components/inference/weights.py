@@ -25,6 +25,21 @@ def _numpy_dtype(dtype: torch.dtype) -> str:
     return str(torch.empty((), dtype=dtype).numpy().dtype)
 
 
+#: How long a publish waits for the lock. The server holds it only to copy the weights in
+#: (micro- to milliseconds); longer means it was killed while holding it.
+PUBLISH_LOCK_TIMEOUT_S = 10.0
+
+
+class WeightsLockError(RuntimeError):
+    """The weights lock was not released: the inference server died while it read weights."""
+
+
+def _acquire(lock: Any) -> None:
+    if not lock.acquire(True, PUBLISH_LOCK_TIMEOUT_S):
+        raise WeightsLockError(f"the policy weights stayed locked for {PUBLISH_LOCK_TIMEOUT_S:g} s: the inference "
+                               "server died while it was reading them")
+
+
 def state_of(weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
     """The state dict of a module, or the mapping itself."""
     return weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
@@ -83,12 +98,31 @@ class SharedWeights:
         missing = set(views) - set(weights)
         if missing:
             raise KeyError(f"weights lack {sorted(missing)}")
-        with self._lock, torch.no_grad():
-            for key, view in views.items():
-                view.copy_(weights[key].detach().to("cpu"))
+        _acquire(self._lock)
+        try:
+            with torch.no_grad():
+                for key, view in views.items():
+                    view.copy_(weights[key].detach().to("cpu"))
             self._version[0] = int(version)
             self._seq[0] += 1
             return int(self._seq[0])
+        finally:
+            self._lock.release()
+
+    def snapshot(self, timeout: float = 2.0) -> tuple[dict[str, torch.Tensor], int, int]:
+        """A copy of the latest published weights with their (version, seq), to re-publish elsewhere.
+
+        Taken under the lock when it can be had within ``timeout``; a server
+        process killed while it held the lock (it only reads) would keep it
+        forever, and the arena is consistent then, so it is read without.
+        """
+        locked = self._lock.acquire(True, timeout)
+        try:
+            state = {k: v.clone() for k, v in self._views().items()}
+            return state, int(self._version[0]), int(self._seq[0])
+        finally:
+            if locked:
+                self._lock.release()
 
     def copy_into(self, model: torch.nn.Module) -> tuple[int, int]:
         """Load the latest published weights into ``model``; returns their (version, seq)."""
@@ -139,13 +173,27 @@ class CudaSharedWeights:
         return int(self._version[0])
 
     def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> int:
-        with self._lock, torch.no_grad():
-            for key, tensor in self._tensors.items():
-                tensor.copy_(weights[key].detach(), non_blocking=True)
+        _acquire(self._lock)
+        try:
+            with torch.no_grad():
+                for key, tensor in self._tensors.items():
+                    tensor.copy_(weights[key].detach(), non_blocking=True)
             torch.cuda.current_stream(next(iter(self._tensors.values())).device).synchronize()
             self._version[0] = int(version)
             self._seq[0] += 1
             return int(self._seq[0])
+        finally:
+            self._lock.release()
+
+    def snapshot(self, timeout: float = 2.0) -> tuple[dict[str, torch.Tensor], int, int]:
+        """As :meth:`SharedWeights.snapshot`."""
+        locked = self._lock.acquire(True, timeout)
+        try:
+            state = {k: v.clone() for k, v in self._tensors.items()}
+            return state, int(self._version[0]), int(self._seq[0])
+        finally:
+            if locked:
+                self._lock.release()
 
     def copy_into(self, model: torch.nn.Module) -> tuple[int, int]:
         with self._lock, torch.no_grad():

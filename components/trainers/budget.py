@@ -11,6 +11,10 @@ class RunBudget:
 
     ``target_return`` stops the run once the mean return of the last
     ``target_window`` episodes reaches it (``None``: run to ``total_frames``).
+    ``nan_policy`` says what a NaN or infinite reward or observation from an
+    env does: ``error`` stops the run naming the env; ``skip`` cuts that
+    step out (a zero-reward truncation, the env reset) and counts it in
+    ``collector/non_finite_skipped``.
     """
 
     name: str = ""
@@ -18,3 +22,4 @@ class RunBudget:
     total_frames: int = 100_000
     target_return: float | None = None
     target_window: int = 20
+    nan_policy: str = "error"

@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+import torch
 
 from components.collector.collector import AsyncBatchedCollector, CollectorError, GraphSpec
 from components.models import ModelSpec
@@ -111,3 +112,74 @@ def test_a_run_with_a_crashing_env_restarts_it_and_reaches_total_frames(tmp_path
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["summary"]["frames"] == 6000
     assert max(r.get("collector/worker_restarts", 0) for r in rows[:-1]) >= 1
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_sigkilled_server_process_is_restarted_with_the_latest_weights(workers, capfd):
+    from components.envs import GymEnvFactory
+
+    graph = GraphSpec(workers, "process", num_envs=4, envs_per_worker=2, chunk_len=2)
+    collector = _collector(graph, GymEnvFactory("CartPole-v1"), -1, server_restarts=1).start()
+    try:
+        collector.update_policy_weights_(SMALL_MLP.build(collector.env_spec).state_dict(), version=7)
+        before = [collector.next_batch().clone() for _ in range(5)]
+        served = collector.server_stats()["rows_total"]
+        os.kill(collector.server.pid, signal.SIGKILL)
+        after = [collector.next_batch().clone() for _ in range(30)]
+        assert collector._restarts.server_count == 1 and collector._restarts.count == 0
+        assert int(after[-1]["policy_version"].min()) == 7, "the new server serves the latest weights, same label"
+        assert collector.server_stats()["rows_total"] > served, "cumulative counters go on across the restart"
+        steps = _per_env_steps(before + after)
+        assert all(len(s) == len(set(s)) for s in steps.values()), "no env step delivered twice"
+        assert all(np.any(np.diff(sorted(s)) > 1) for s in steps.values()), "every env's trajectory was cut"
+
+        os.kill(collector.server.pid, signal.SIGKILL)  # the budget is spent: the next death fails the run
+        killed = time.monotonic()
+        with pytest.raises(CollectorError, match=r"^inference server \(process\) died: its process exited with "
+                                                 r"code -9 \(after 1 restart\(s\); server.max_restarts=1\)"):
+            for _ in range(200):
+                collector.next_batch()
+        assert time.monotonic() - killed < 2.0
+    finally:
+        collector.shutdown()
+    err = capfd.readouterr().err
+    assert "warning: inference server (process) restarted with the weights of version 7" in err
+    assert "4 env worker(s) restarted with fresh envs" not in err and "2 env worker(s) restarted" in err
+
+
+def test_without_server_restarts_a_dead_server_fails_collection_at_once():
+    from components.envs import GymEnvFactory
+
+    graph = GraphSpec("process", "process", num_envs=2, envs_per_worker=2, chunk_len=2)
+    collector = _collector(graph, GymEnvFactory("CartPole-v1"), -1).start()
+    try:
+        collector.next_batch()
+        os.kill(collector.server.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(CollectorError, match=r"^inference server \(process\) died: its process exited with "
+                                                 r"code -9$"):
+            for _ in range(200):
+                collector.next_batch()
+        assert time.monotonic() - killed < 2.0
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["nan_reward", "nan_obs"])
+def test_skip_non_finite_cuts_the_bad_step_out_and_counts_it(tmp_path, fault):
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=2, chunk_len=2)
+    factory = FaultyEnvFactory(at_step=25, fault=fault, once=str(tmp_path / "nan"))
+    collector = _collector(graph, factory, 32 * 8, skip_non_finite=True)
+    try:
+        batches = [b.clone() for b in collector]
+        skipped = collector.worker_stats()["non_finite_skipped"]
+    finally:
+        collector.shutdown()
+    assert skipped == 1
+    data = {k: torch.cat([b[k] for b in batches]) for k in ("observation", "next")}
+    assert bool(torch.isfinite(data["next"]["reward"]).all())
+    assert bool(torch.isfinite(data["next"]["observation"]).all())
+    cut = data["next"]["truncated"] & (data["next"]["reward"] == 0)
+    assert int(cut.sum()) == 1
+    row = int(cut.nonzero()[0])
+    assert torch.equal(data["next"]["observation"][row], data["observation"][row]), "a cut back to what was acted on"

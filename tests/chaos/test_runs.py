@@ -173,6 +173,7 @@ def test_a_run_killed_with_sigkill_resumes_to_its_budget_with_one_curve(tmp_path
 def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm_after_the_next_run(tmp_path, when):
     before = set(os.listdir("/dev/shm"))
     proc = _start(["workers=process", "server=process", f"workers.max_restarts={0 if when == 'while training' else 3}",
+                   f"server.max_restarts={0 if when == 'while training' else 1}",
                    "trainer.target_return=null", "logger=jsonl",
                    "logger.interval=0.5", "progress=false", f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
     deadline = time.monotonic() + 120
@@ -192,3 +193,119 @@ def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm_after_the_next_run(
     assert result.returncode == 0, result.stderr[-2000:]
     left = set(os.listdir("/dev/shm")) - before
     assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
+def _server_pid(runner: int, timeout: float = 120.0) -> int:
+    """The runner's spawned child that is not multiprocessing's resource tracker (workers=thread: the server)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == runner and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                return int(entry.name)
+        time.sleep(0.05)
+    raise AssertionError("no server process appeared")
+
+
+@pytest.mark.parametrize("max_restarts", [1, 0])
+def test_a_sigkilled_server_process_is_restarted_once_then_fails_the_run(tmp_path, max_restarts):
+    run_dir = tmp_path / "server"
+    proc = _start(["server=process", f"server.max_restarts={max_restarts}", "trainer.total_frames=20000",
+                   "trainer.target_return=null", "logger=jsonl", "logger.interval=0.5", "progress=false",
+                   f"hydra.run.dir={run_dir}"], tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run_dir / "metrics.jsonl").exists() and len(_rows(run_dir)) >= 2) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(_server_pid(proc.pid), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=180)
+        ended = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert_group_gone(proc.pid)
+    rows = _rows(run_dir)
+    if max_restarts:
+        assert proc.returncode == 0, err[-3000:]
+        assert "warning: inference server (process) restarted with the weights of version" in err
+        assert rows[-1]["summary"]["frames"] == 20000
+        assert max(r.get("collector/server_restarts", 0) for r in rows[:-1]) == 1
+    else:
+        assert proc.returncode == 1, err[-3000:]
+        errors = [line for line in _lines(err) if line.startswith("error:")]
+        assert errors == ["error: inference server (process) died: its process exited with code -9"]
+        assert ended < 15, "the run ends at once (summary and checkpoint included)"
+        assert rows[-1]["summary"]["stop_reason"].startswith("failed: inference server")
+        assert (run_dir / "checkpoint.pt").exists()
+
+
+def test_nan_policy_skip_counts_the_bad_steps_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "skip"
+    result = run_pipeline([*FAULTY, "+env.factory.at_step=60", "+env.factory.fault=nan_obs",
+                           f"+env.factory.once={tmp_path / 'marker'}", "trainer.nan_policy=skip",
+                           "trainer.total_frames=4096", "trainer.target_return=null", "logger=jsonl",
+                           "logger.interval=0.2", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = _rows(run_dir)
+    assert max(r.get("collector/non_finite_skipped", 0) for r in rows[:-1]) == 1
+    assert rows[-1]["summary"]["frames"] == 4096
+
+
+def _can_mount_tmpfs() -> bool:
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                                "d=$(mktemp -d) && mount -t tmpfs -o size=1m tmpfs $d"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+_FILL_DISK_MID_RUN = r"""
+set -u
+mount -t tmpfs -o size=24m tmpfs "$MNT"
+"$PY" -m pipeline trainer=dqn replay=uniform replay.storage=disk replay.capacity=100000 trainer.total_frames=200000 \
+    trainer.target_return=null checkpoint.interval=1 logger=jsonl logger.interval=0.3 progress=false \
+    hydra.run.dir="$MNT/run" > "$OUT/stdout" 2> "$OUT/stderr" &
+runner=$!
+for _ in $(seq 600); do
+    [ "$(cat "$MNT/run/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+    sleep 0.1
+done
+dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null
+date +%s.%N > "$OUT/filled"
+wait $runner
+echo $? > "$OUT/exit"
+cp -r "$MNT/run" "$OUT/run"
+"""
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="cannot mount a tmpfs here (no user namespaces); "
+                                                  "tests/test_resume.py covers ENOSPC with a storage stub")
+def test_a_disk_that_fills_up_mid_run_is_one_line_and_exit_1_with_summary_and_checkpoint(tmp_path):
+    out, mnt = tmp_path / "out", tmp_path / "mnt"
+    out.mkdir()
+    mnt.mkdir()
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT), "PY": sys.executable,
+           "MNT": str(mnt), "OUT": str(out)}
+    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", _FILL_DISK_MID_RUN],
+                   cwd=tmp_path, env=env, timeout=240, check=True)
+    err = (out / "stderr").read_text()
+    assert (out / "exit").read_text().strip() == "1", err[-3000:]
+    assert "Traceback" not in err
+    errors = [line for line in _lines(err) if line.startswith("error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0], err[-3000:]
+    rows = _rows(out / "run")  # whole lines only: no row was cut in half
+    summary = rows[-1]["summary"]
+    assert summary["stop_reason"].startswith("failed: cannot write to the run directory")
+    state = torch.load(out / "run" / "checkpoint.pt", weights_only=True)
+    assert state["frames"] == summary["frames"] and state["stop_reason"] == summary["stop_reason"]
+    assert not (out / "run" / ".disk_reserve").exists()
