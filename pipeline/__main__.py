@@ -17,7 +17,9 @@ def main() -> None:
         _main()
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before the runner took over its signals
         print(f"interrupted during start-up ({err or 'SIGINT'}); nothing was written", file=sys.stderr, flush=True)
-        sys.exit(130)
+        from pipeline.signals import exit_interrupted
+
+        exit_interrupted(130)
 
 
 def _main() -> None:
@@ -41,10 +43,10 @@ def _main() -> None:
     register()
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-    def _task(cfg) -> None:  # type: ignore[no-untyped-def]
+    def _task(cfg):  # type: ignore[no-untyped-def]  # noqa: ANN202 - the sweep objective, or None
         from pipeline.run import main_from_hydra
 
-        main_from_hydra(cfg)
+        return main_from_hydra(cfg)
 
     _task()
 

@@ -67,6 +67,11 @@ class Reporter:
         self.started = time.monotonic()
         self._elapsed_before = elapsed  # wall time of the run's earlier segments (resume)
         self.last_log, self.last_frames = self.started, start_frames
+        # Besides every logger.interval seconds, a row every 1/rows_per_run of the budget (at most 4 per
+        # second, not echoed): a run of a few seconds still leaves a curve, not one point.
+        rows = int(getattr(logger, "rows_per_run", 0) or 0)
+        self.frames_per_row = max(1, (total_frames - start_frames) // rows) if rows > 0 else None
+        self.last_echo = self.started
         self.pending: list[dict[str, float]] = []
         self.checkpointer: Checkpointer | None = None
 
@@ -94,8 +99,12 @@ class Reporter:
         frames = self.collector.frames
         self.progress.update(frames, frames / max(now - self.started, 1e-9), self.tracker.mean_return)
         solved = self.solved
-        if now - self.last_log >= self.logger.interval or solved:
+        if now - self.last_echo >= self.logger.interval or solved:
             self.flush(now)
+            self.last_echo = now
+        elif self.frames_per_row is not None and frames - self.last_frames >= self.frames_per_row \
+                and now - self.last_log >= 0.25:
+            self.flush(now, echo=False)
         if self.checkpointer is not None and not solved:
             self.checkpointer.maybe(now)
         return solved

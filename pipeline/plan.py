@@ -34,6 +34,8 @@ class Machine:
     cpus: int
     cuda: bool
     cuda_count: int = 0
+    #: why ``cpus`` is less than the machine has (a share of a parallel sweep), for the plan
+    note: str | None = None
 
     @classmethod
     def detect(cls) -> Machine:
@@ -141,6 +143,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
     num_envs = int(cfg.env.num_envs)
     frames_per_batch = int(cfg.trainer.frames_per_batch)
     reasons: list[tuple[str, str]] = []
+    if machine.note:
+        reasons.append(("cpus", machine.note))
 
     policy_device, policy_note = _device(str(cfg.device.policy_device), machine)
     trainer_device, trainer_note = _device(str(cfg.device.trainer_device), machine)

@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,9 @@ from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.resume import rewind_metrics
 from pipeline.rundir import LOCK, DiskReserve, claim_run_dir, write_hydra_files
-from pipeline.signals import _PENDING, raise_if_pending
+from pipeline.signals import _PENDING, exit_interrupted, raise_if_pending
 from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
+from pipeline.sweep import cpu_share
 from pipeline.validate import ConfigError, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -55,6 +57,20 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     name = signal.Signals(signum).name
     _PENDING.append(name)
     raise Interrupted(name)
+
+
+def spawn_from_any_process() -> None:
+    """Make ``spawn`` children work from a process that another library started (a joblib job).
+
+    A spawned child re-applies its parent's global start method; in a
+    joblib (loky) worker that is ``loky``, which a plain child cannot find,
+    so every worker and server process would die at birth. The collector
+    asks for a ``spawn`` context explicitly anyway.
+    """
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        multiprocessing.set_start_method("spawn", force=True)
 
 
 def catch_signals() -> dict[int, Any]:
@@ -136,19 +152,29 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple
     return buffer, NStepReturns(int(algo.n_step), float(algo.gamma))
 
 
-def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None) -> int:
+def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None,
+        sweep_group: str | None = None, concurrent_jobs: int = 1) -> int:
     """Run one training job in ``run_dir``; returns the process exit code.
 
     ``hydra_files`` (the task config, Hydra's config, the overrides) are
-    written to ``.hydra/`` once the directory is claimed.
+    written to ``.hydra/`` once the directory is claimed; the overrides also
+    tag the wandb run and label the TensorBoard HParams. ``sweep_group``
+    (the sweep directory's name, for a job of a multirun) groups the
+    sweep's wandb runs. ``concurrent_jobs`` sweep jobs share this machine:
+    the graph is sized for this job's share of the CPUs.
     """
     previous = catch_signals()
     claimed = False
     try:
         raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
         sweep_stale_semaphores()  # what runs killed during their start-up left in /dev/shm
+        spawn_from_any_process()
         name_semaphores_by_pid()
         machine = Machine.detect()
+        if concurrent_jobs > 1:
+            share = cpu_share(machine.cpus, concurrent_jobs)
+            machine = replace(machine, cpus=share, note=f"sized for {share} of {machine.cpus} CPU(s): {concurrent_jobs} "
+                                                          "sweep jobs run at once (hydra.launcher.n_jobs)")
         validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
         hook = post_collect_hook(cfg)
         env_factory, env_spec = build_env(cfg)
@@ -161,7 +187,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         if hydra_files is not None:
             write_hydra_files(run_dir, *hydra_files)
         print(plan, flush=True)
-        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous)
+        job = JobInfo(list(hydra_files[2]) if hydra_files is not None else [], sweep_group)
+        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous, job)
     except (KeyboardInterrupt, Interrupted) as err:  # before training started: nothing to keep
         if claimed:
             _unclaim(cfg, run_dir)
@@ -184,8 +211,16 @@ def _unclaim(cfg: DictConfig, run_dir: Path) -> None:
         shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class JobInfo:
+    """Where a run sits in a sweep: its overrides and the sweep's group (None for a single run)."""
+
+    overrides: list[str]
+    sweep_group: str | None = None
+
+
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
-           resume: bool, previous: dict[int, Any]) -> int:
+           resume: bool, previous: dict[int, Any], job: JobInfo) -> int:
     torch.set_num_threads(int(cfg.torch_threads))
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
@@ -230,7 +265,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     logger = instantiate(cfg.logger, run_dir=run_dir, name=run_dir.name, run_config=resolved,
-                         resume_id=restored.get("wandb_id") if restored else None, _convert_="all", _recursive_=False)
+                         resume_id=restored.get("wandb_id") if restored else None, overrides=job.overrides,
+                         group=cfg.logger.group or job.sweep_group,
+                         job_type=cfg.logger.job_type or ("sweep" if job.sweep_group else "train"),
+                         _convert_="all", _recursive_=False)
     assert isinstance(logger, MetricsLogger)
     reporter = Reporter(collector, logger, total_frames=algo.total_frames, window=algo.target_window,
                         target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer,
@@ -288,6 +326,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
             logger.summary({
                 "frames": collector.frames,
                 "wall_time_s": round(reporter.elapsed, 3),
+                "collector/frames_per_s": round(collector.frames / reporter.elapsed, 1) if reporter.elapsed else None,
                 "stop_reason": stop_reason,
                 "episode/return_mean": tracker.mean_return,
                 "episode/count": tracker.total,
@@ -322,16 +361,62 @@ def _best_effort(lost: list[str], what: str) -> Iterator[None]:
         print(f"warning: could not {what}: {err}", file=sys.stderr, flush=True)
 
 
-def main_from_hydra(cfg: DictConfig) -> None:
-    """The Hydra task: one-line errors and exit codes, no tracebacks for user mistakes."""
+def concurrent_jobs(hydra_cfg: Any, cpus: int) -> int:
+    """How many jobs of this multirun share the machine at once (1: one after another, or one per node)."""
+    launcher = hydra_cfg.get("launcher", {}) or {}
+    target = str(launcher.get("_target_", ""))
+    if "joblib" in target.lower():
+        n_jobs = launcher.get("n_jobs")
+        if n_jobs is None or int(n_jobs) == 0:
+            return 1
+        n = int(n_jobs)
+        return max(1, cpus + 1 + n if n < 0 else n)  # joblib: -1 = all CPUs, -2 = all but one
+    if "LocalLauncher" in target:  # submitit_local: every job of the array at once, up to array_parallelism
+        return max(1, min(int(launcher.get("array_parallelism") or 1), cpus))
+    return 1
+
+
+def main_from_hydra(cfg: DictConfig) -> float | None:
+    """The Hydra task: one-line errors and exit codes, no tracebacks for user mistakes.
+
+    A single run exits with its code. A job of a multirun never exits the
+    process (a failed point must not stop the sweep): it records its outcome
+    for the sweep's summary (:mod:`pipeline.sweep`), prints one status line
+    and returns ``sweep.objective`` (NaN when it failed: a failed optuna
+    trial); only Ctrl-C stops the sweep.
+    """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from pipeline import sweep
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    record = None
+    concurrent = 1
+    if multirun:
+        sweep_dir = Path(hydra_cfg.sweep.dir)
+        record = sweep.started(sweep_dir, int(hydra_cfg.job.num), overrides, run_dir)
+        concurrent = concurrent_jobs(hydra_cfg, Machine.detect().cpus)
+    error = None
     try:
-        code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), list(hydra_cfg.overrides.task)))
+        code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), overrides),
+                   sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent)
     except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG)
-    if code != EXIT_OK:
-        sys.exit(code)
+        error = f"config error: {err}"
+        print(error, file=sys.stderr, flush=True)
+        code = EXIT_CONFIG
+    if record is None:
+        if code == EXIT_INTERRUPTED:
+            exit_interrupted(code)
+        if code != EXIT_OK:
+            sys.exit(code)
+        return None
+    objective = str(cfg.sweep.objective)
+    record = sweep.ended(sweep_dir, record, code, objective, error)
+    print(sweep.status_line(record, objective), flush=True)
+    if code == EXIT_INTERRUPTED:
+        exit_interrupted(code)  # Ctrl-C stops the whole sweep
+    return record.objective if record.ok and record.objective is not None else float("nan")

@@ -168,14 +168,21 @@ class DQNSchema(DQNConfig):
 @dataclass
 class LoggerSchema:
     _target_: str = "components.metrics.MetricsLogger"
-    #: wandb (+ metrics.jsonl), jsonl (file only) or none (console only)
-    kind: str = "wandb"
-    #: seconds between logged rows
+    #: of jsonl (always written), tensorboard (<run dir>/tb), wandb (<run dir>/wandb)
+    sinks: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard", "wandb"])
+    #: seconds between logged (and printed) rows
     interval: float = 5.0
+    #: at least this many rows over the budget (not printed; at most 4 per second; 0: interval only)
+    rows_per_run: int = 50
     project: str = "rlpipeline"
     entity: str | None = None
+    #: wandb group (null: a sweep's jobs are grouped by the sweep directory's name)
     group: str | None = None
     tags: list[str] = field(default_factory=list)
+    #: wandb job type (null: train, or sweep for a job of a multirun)
+    job_type: str | None = None
+    #: seconds wandb may take to start and to finish before the run goes on without it
+    wandb_timeout: float = 60.0
     #: wandb mode: offline, online or disabled (null: $WANDB_MODE, else offline)
     mode: str | None = None
 
@@ -186,6 +193,14 @@ class CheckpointSchema:
     enabled: bool = True
     #: seconds between checkpoints during the run (null: only at the end)
     interval: float | None = 60.0
+
+
+@dataclass
+class SweepSchema:
+    #: what a sweep job returns (the optuna sweeper optimises it): a key of the summary row
+    objective: str = "episode/return_mean"
+    #: maximize or minimize (the optuna study's direction unless hydra.sweeper.direction is given)
+    direction: str = "maximize"
 
 
 @dataclass
@@ -211,6 +226,8 @@ class Config:
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
     #: a run directory to continue (its saved config and checkpoint; overrides apply on top)
     resume: str | None = None
+    #: what a multirun job reports back
+    sweep: SweepSchema = field(default_factory=SweepSchema)
 
 
 def register() -> None:

@@ -10,7 +10,7 @@ the signal down, and the runner checks the note between start-up phases.
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import Any, NoReturn
 
 _PENDING: list[str] = []
 
@@ -31,3 +31,26 @@ def raise_if_pending() -> None:
     """Raise ``KeyboardInterrupt`` if a signal arrived whose exception someone swallowed."""
     if _PENDING:
         raise KeyboardInterrupt(_PENDING[0])
+
+
+def exit_interrupted(code: int = 130) -> NoReturn:
+    """Leave with ``code`` after an interrupt, whatever saw the ``KeyboardInterrupt`` first.
+
+    CPython marks a ``KeyboardInterrupt`` as unhandled for good when it
+    surfaces inside code that a C extension evaluates (pybind11's
+    ``py::exec`` while ``import torch`` runs), even if Python code catches it
+    later; at exit the interpreter then kills itself with SIGINT (status -2)
+    instead of returning 130. So the exit handlers (multiprocessing's
+    clean-up among them) run here and the process leaves with ``os._exit``.
+    """
+    import atexit
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components.envs import EnvConfigError, check_env_id
-from components.metrics import KINDS as LOGGER_KINDS
+from components.metrics import check_sinks
+from pipeline.sweep import DIRECTIONS, OBJECTIVES
 
 
 class ConfigError(ValueError):
@@ -261,8 +262,16 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             raise ConfigError(f"trainer.batch_size={batch_size}: must be <= replay.capacity={capacity}")
 
     # logger / top level
-    _one_of(cfg, "logger.kind", LOGGER_KINDS)
+    sinks = get("logger.sinks")
+    try:
+        check_sinks(list(sinks))
+    except ValueError as err:
+        raise ConfigError(f"logger.sinks={list(sinks)}: {err}") from None
     _check(cfg, "logger.interval", lambda v: v > 0, "> 0 seconds")
+    _check(cfg, "logger.wandb_timeout", lambda v: v > 0, "> 0 seconds")
+    _check(cfg, "logger.rows_per_run", lambda v: v >= 0, ">= 0 (0: a row every logger.interval only)")
+    _one_of(cfg, "sweep.objective", OBJECTIVES)
+    _one_of(cfg, "sweep.direction", DIRECTIONS)
     if get("logger.mode") is not None:
         _one_of(cfg, "logger.mode", ("offline", "online", "disabled"))
     _check(cfg, "torch_threads", *positive)

@@ -145,7 +145,8 @@ def crash_repeated(layout: list[str], tmp: Path) -> Outcome:
 
 def hang(layout: list[str], tmp: Path) -> Outcome:
     run = Run([*layout, *BASE, *FAULTY, "+env.factory.at_step=300", "+env.factory.fault=hang",
-               f"+env.factory.once={tmp / 'm'}", "workers.step_timeout=3", "trainer.total_frames=8000"], tmp / "run")
+               f"+env.factory.once={tmp / 'm'}", "workers.step_timeout=3", "trainer.total_frames=40000"],
+              tmp / "run")  # long enough that the other workers do not finish the budget before the watchdog fires
     code = run.finish()
     stuck = re.search(r"returned for (\d+) s", run.err)
     waited = float(stuck.group(1)) if stuck else float("nan")

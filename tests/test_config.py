@@ -254,7 +254,7 @@ def test_a_key_missing_from_any_node_is_one_config_error_line(overrides):
                     reported.add(dotted)
     # the keys validate reads are reported by name (a few, e.g. model/progress, it never reads)
     for must in ("env.num_envs", "workers.backend", "server.max_batch_size", "device.policy_device", "replay.kind",
-                 "trainer.name", "trainer.lr", "logger.kind", "seed"):
+                 "trainer.name", "trainer.lr", "logger.sinks", "seed"):
         assert must in reported, must
     if overrides:
         assert {"trainer.updates_per_batch", "replay.capacity", "replay.frame_dedup"} <= reported

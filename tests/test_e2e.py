@@ -66,8 +66,9 @@ def test_a_sweep_gives_each_point_its_own_run_directory(tmp_path):
          f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [p.name for p in runs] == ["0", "1"]
+    assert (sweep_dir / "sweep.jsonl").read_text().count('"status": "finished"') == 2
     for run_dir, max_batch in zip(runs, (4, 16)):
         rows, summary = _rows(run_dir)
         assert summary["frames"] <= 5000 and rows

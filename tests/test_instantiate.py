@@ -74,9 +74,12 @@ def test_every_option_of_every_group_instantiates(group, option, tmp_path, monke
 
     # logger
     logger = instantiate(cfg.logger, run_dir=tmp_path, name="t", run_config={}, _convert_="all", _recursive_=False)
-    assert isinstance(logger, MetricsLogger) and logger.kind == cfg.logger.kind
+    assert isinstance(logger, MetricsLogger)
+    assert logger.sinks == ["jsonl", *[s for s in cfg.logger.sinks if s != "jsonl"]], "every sink opened"
     try:
         logger.log({"train/loss": 0.5}, frames=1)
     finally:
         logger.close()
-    assert (tmp_path / "metrics.jsonl").exists() == (cfg.logger.kind in ("wandb", "jsonl"))
+    assert (tmp_path / "metrics.jsonl").exists()
+    assert (tmp_path / "tb").is_dir() == ("tensorboard" in cfg.logger.sinks)
+    assert (tmp_path / "wandb").is_dir() == ("wandb" in cfg.logger.sinks)

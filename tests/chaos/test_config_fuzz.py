@@ -30,7 +30,9 @@ BAD = [
     "trainer.name=dqn", "trainer.name=a2c", "replay=uniform", "logger.interval=0", "logger.mode=sometimes",
     "torch_threads=0", "seed=-1", "model.encoder=resnet", "model.activation=gelu", "model.hidden=[]",
     "model.hidden=[0]", "trainer.frames_per_batch=100000000000", "hydra.run.dir=/proc/nope",
-    "env.factory._target_=no.such.Factory",
+    "env.factory._target_=no.such.Factory", "logger.sinks=[jsonl,mlflow]", "logger.sinks=[wandb,wandb]",
+    "logger.wandb_timeout=0", "sweep.objective=loss", "sweep.direction=up", "server.max_restarts=-1",
+    "trainer.nan_policy=ignore",
 ]
 DQN_BAD = ["replay.capacity=0", "replay.alpha=-1", "replay.beta=2", "replay.eps=0", "replay.storage=tape",
            "replay.frame_dedup=maybe", "replay.frame_dedup=true", "replay.max_policy_lag=-2", "trainer.tau=0",

@@ -1,0 +1,26 @@
+"""Metric sinks: where the rows of :class:`components.metrics.MetricsLogger` go.
+
+Each sink takes the same flat rows (``group/name`` keys plus ``frames`` and
+``time``), a final summary and a close. ``jsonl`` is always written (the
+report and the resume logic read it); ``tensorboard`` and ``wandb`` are
+optional and may fail without stopping the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+#: Sink names in the order they are opened.
+SINK_NAMES = ("jsonl", "tensorboard", "wandb")
+
+
+class Sink(Protocol):
+    """One destination of metric rows."""
+
+    name: str
+
+    def log(self, row: dict[str, Any], frames: int) -> None: ...
+
+    def summary(self, values: dict[str, Any]) -> None: ...
+
+    def close(self, exit_code: int) -> None: ...

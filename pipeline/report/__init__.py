@@ -1,0 +1,1 @@
+"""``python -m pipeline.report PATH``: a local dashboard of runs in one HTML file."""

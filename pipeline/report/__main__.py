@@ -1,0 +1,107 @@
+"""``python -m pipeline.report [PATH] [--serve] [--port N]``: build (and serve) ``PATH/report.html``.
+
+PATH is a run directory, a multirun (sweep) directory or any parent of runs
+(default ``runs/``). Nothing under PATH changes except ``report.html``,
+written atomically. With ``--serve`` the page is served on 127.0.0.1 and
+rebuilt every ``--every`` seconds while runs are still writing (the page
+reloads itself meanwhile); Ctrl-C stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pipeline.report.page import build_page
+from pipeline.report.runs import find_run_dirs, load_runs
+
+REPORT = "report.html"
+
+
+def write_report(root: Path, *, refresh_s: float | None = None) -> tuple[Path, int, bool]:
+    """Build ``root/report.html``; returns its path, the number of runs and whether any is running."""
+    runs = load_runs(root)
+    page = build_page(runs, f"rlpipeline report: {root.resolve().name or root}", refresh_s=refresh_s)
+    out = root / REPORT
+    tmp = root / f".{REPORT}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out, len(runs), any(r.status == "running" for r in runs)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def serve(root: Path, port: int, every: float) -> None:
+    out, count, running = write_report(root, refresh_s=every)
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    stop = threading.Event()
+
+    def rebuild() -> None:
+        nonlocal running
+        while not stop.wait(every):
+            try:
+                _, _, running = write_report(root, refresh_s=every)
+            except Exception as err:  # noqa: BLE001 - keep serving the last good page
+                print(f"warning: could not rebuild the report: {err}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=rebuild, name="report-rebuild", daemon=True).start()
+    host, real_port = server.server_address[:2]
+    print(f"serving {out} ({count} runs) at http://{host}:{real_port}/{REPORT} "
+          f"(rebuilt every {every:g} s; Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
+    parser.add_argument("path", nargs="?", default="runs", help="a run, a sweep, or a parent of runs (default: runs)")
+    parser.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1 and keep it current")
+    parser.add_argument("--port", type=int, default=8000, help="port for --serve (0: any free one)")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between rebuilds with --serve")
+    args = parser.parse_args(argv)
+    root = Path(args.path)
+    if not root.is_dir():
+        print(f"error: {root}: not a directory", file=sys.stderr)
+        return 2
+    if not os.access(root, os.W_OK):
+        print(f"error: {root}: cannot write {REPORT} there", file=sys.stderr)
+        return 2
+    if args.every <= 0:
+        print("error: --every must be > 0 seconds", file=sys.stderr)
+        return 2
+    if args.serve:
+        try:
+            serve(root, args.port, args.every)
+        except OSError as err:
+            print(f"error: cannot serve on 127.0.0.1:{args.port}: {err.strerror or err}", file=sys.stderr)
+            return 2
+        return 0
+    if not find_run_dirs(root):
+        print(f"error: {root}: no runs there (no metrics.jsonl below it)", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    out, count, _ = write_report(root)
+    print(f"{out} ({count} runs, {time.monotonic() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
