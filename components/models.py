@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from components.envs import EnvSpec
 from components.interaction import InteractionMode
+from components.normalization import RunningNorm
 
 
 def _layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -144,10 +145,14 @@ class ActorCritic(nn.Module):
         features: int = 512,
         init_log_std: float = 0.0,
         activation: str = "tanh",
+        obs_norm: bool = False,
+        obs_clip: float = 10.0,
     ) -> None:
         super().__init__()
         self.spec = spec
         act = _ACTIVATIONS[activation]
+        #: running observation normalisation (part of the weights; see components.normalization)
+        self.obs_norm: RunningNorm | None = None
         if spec.action_kind == "discrete":
             self.head: nn.Module = CategoricalHead()
             action_dim = spec.action_n
@@ -160,7 +165,11 @@ class ActorCritic(nn.Module):
             self.shared: nn.Module | None = None
             self.actor = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], action_dim), 0.01))
             self.critic = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], 1), 1.0))
+            if obs_norm:
+                self.obs_norm = RunningNorm((in_dim,), clip=obs_clip)
         elif encoder == "nature_cnn":
+            if obs_norm:
+                raise ValueError("obs_norm applies to vector observations (encoder mlp); images are scaled by /255")
             if len(spec.obs_shape) != 3:
                 raise ValueError(f"nature_cnn needs [C, H, W] observations, got shape {spec.obs_shape}")
             self.shared = NatureCNN(spec.obs_shape[0], spec.obs_shape[1], features)
@@ -172,7 +181,8 @@ class ActorCritic(nn.Module):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.shared is not None:
             return self.shared(obs)
-        return obs.reshape(obs.shape[0], -1).float()
+        x = obs.reshape(obs.shape[0], -1).float()
+        return x if self.obs_norm is None else self.obs_norm(x)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters (logits or mean) and state values."""
@@ -226,9 +236,14 @@ class QNetwork(nn.Module):
         features: int = 512,
         activation: str = "relu",
         init_log_std: float = 0.0,
+        obs_norm: bool = False,
+        obs_clip: float = 10.0,
     ) -> None:
-        """``init_log_std`` is accepted so every model config has the same keys; Q-networks ignore it."""
+        """``init_log_std`` and ``obs_clip`` are accepted so every model config has the same keys."""
         super().__init__()
+        if obs_norm:
+            raise ValueError("model.obs_norm=true: observation normalisation is implemented for actor-critics "
+                             "(trainer=ppo), not for Q-networks")
         if spec.action_kind != "discrete":
             raise ValueError("QNetwork needs a discrete action space (use trainer=ppo for continuous actions)")
         self.spec = spec

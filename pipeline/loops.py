@@ -74,6 +74,14 @@ class Reporter:
         self.last_echo = self.started
         self.pending: list[dict[str, float]] = []
         self.checkpointer: Checkpointer | None = None
+        #: greedy evaluation (pipeline.evaluation): set by the runner with eval_interval and snapshot
+        self.evaluator: Any = None
+        self.eval_interval: int | None = None
+        self.snapshot: Any = None  # () -> (state_dict, policy_version)
+        self.target_metric = "train"
+        self.last_eval: dict[str, float] | None = None
+        self._eval_row: dict[str, float] | None = None
+        self._next_eval = start_frames
 
     @property
     def elapsed(self) -> float:
@@ -87,9 +95,34 @@ class Reporter:
 
     @property
     def solved(self) -> bool:
+        if self.target_return is None:
+            return False
+        if self.target_metric == "eval":
+            return self.last_eval is not None and self.last_eval["return_mean"] >= self.target_return
         with self.tracker_lock:
-            return (self.target_return is not None and self.tracker.full
-                    and self.tracker.mean_return >= self.target_return)
+            return self.tracker.full and self.tracker.mean_return >= self.target_return
+
+    def _evaluate(self, frames: int) -> None:
+        """Start an evaluation when one is due; collect a finished one (raises if it failed)."""
+        result = self.evaluator.poll()
+        if result is not None:
+            self.last_eval = self._eval_row = result
+        if self.eval_interval and frames >= self._next_eval:
+            weights, version = self.snapshot()
+            if self.evaluator.start(weights, version, frames):
+                self._next_eval = frames + self.eval_interval
+
+    def final_evaluation(self, timeout: float = 300.0) -> None:
+        """One last evaluation of the final weights, waited for, logged with the last row."""
+        if self.evaluator is None:
+            return
+        self.evaluator.wait(timeout)
+        self._evaluate(0)  # collect what was running
+        weights, version = self.snapshot()
+        if self.evaluator.start(weights, version, self.collector.frames):
+            self.evaluator.wait(timeout)
+            self._evaluate(0)
+            self.pending.append({})  # the final row carries it
 
     def step(self, metrics: dict[str, float] | None) -> bool:
         """Account for one trainer step; log when due; True once the target is reached."""
@@ -97,6 +130,8 @@ class Reporter:
             self.pending.append(metrics)
         now = time.monotonic()
         frames = self.collector.frames
+        if self.evaluator is not None:
+            self._evaluate(frames)
         self.progress.update(frames, frames / max(now - self.started, 1e-9), self.tracker.mean_return)
         solved = self.solved
         if now - self.last_echo >= self.logger.interval or solved:
@@ -139,6 +174,9 @@ class Reporter:
             row["episode/return_mean"] = self.tracker.mean_return
             row["episode/length_mean"] = self.tracker.mean_length
             row["episode/count"] = self.tracker.total
+        if self._eval_row is not None:  # each evaluation once, in the first row after it finished
+            row.update({f"eval/{k}": v for k, v in self._eval_row.items()})
+            self._eval_row = None
         self.logger.log(row, frames=c.frames)
         if not echo:
             return
@@ -148,7 +186,8 @@ class Reporter:
             loss = f"loss {train['loss']:.4f} q {train['q_mean']:.2f} eps {train.get('epsilon', 0):.2f}"
         else:
             loss = f"filling replay ({len(self.replay) if self.replay is not None else 0:,} transitions)"
-        line = (f"frames {c.frames:>9,} | fps {fps:>8,.0f} | return {row['episode/return_mean']:8.1f} | {loss} | "
+        evaluated = f" | eval {row['eval/return_mean']:.1f}" if "eval/return_mean" in row else ""
+        line = (f"frames {c.frames:>9,} | fps {fps:>8,.0f} | return {row['episode/return_mean']:8.1f}{evaluated} | {loss} | "
                 f"server batch {row.get('server/avg_batch_size', 0):.1f} p95 {row.get('server/forward_p95_ms', 0):.2f} ms"
                 f" | workers {row.get('collector/bound', '?')}-bound")
         if self.progress.bar is not None:

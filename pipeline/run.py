@@ -33,8 +33,10 @@ from components.metrics import MetricsLogger
 from components.models import ModelSpec
 from components.trainers.base import NonFiniteError, Trainer
 from pipeline.budgets import check_budgets
+from pipeline.evaluation import EvaluationError, Evaluator
 from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
+from pipeline.presets import preset_line
 from pipeline.resume import rewind_metrics
 from pipeline.rundir import LOCK, DiskReserve, claim_run_dir, write_hydra_files
 from pipeline.signals import _PENDING, exit_interrupted, raise_if_pending
@@ -108,7 +110,8 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
     try:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError) as err:
-        raise ConfigError(f"model.encoder={cfg.model.encoder!r}: {err}") from None
+        text = str(err).strip("'\"")
+        raise ConfigError(text if text.startswith("model.") else f"model.encoder={cfg.model.encoder!r}: {text}") from None
     trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
                           policy_version=int(cfg.collector.policy_version), _convert_="all")
     if not isinstance(trainer, Trainer):
@@ -153,7 +156,7 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None,
-        sweep_group: str | None = None, concurrent_jobs: int = 1) -> int:
+        sweep_group: str | None = None, concurrent_jobs: int = 1, preset: str | None = None) -> int:
     """Run one training job in ``run_dir``; returns the process exit code.
 
     ``hydra_files`` (the task config, Hydra's config, the overrides) are
@@ -161,7 +164,9 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     tag the wandb run and label the TensorBoard HParams. ``sweep_group``
     (the sweep directory's name, for a job of a multirun) groups the
     sweep's wandb runs. ``concurrent_jobs`` sweep jobs share this machine:
-    the graph is sized for this job's share of the CPUs.
+    the graph is sized for this job's share of the CPUs. ``preset`` (the
+    hyper-parameter preset Hydra applied, see :mod:`pipeline.presets`) is
+    printed in the plan.
     """
     previous = catch_signals()
     claimed = False
@@ -179,6 +184,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         hook = post_collect_hook(cfg)
         env_factory, env_spec = build_env(cfg)
         plan = resolve_plan(cfg, machine, env_spec)
+        if preset:
+            plan = replace(plan, reasons=(*plan.reasons, ("preset", preset)))
         check_budgets(cfg, plan, env_spec, run_dir)
         raise_if_pending()
         resume = cfg.resume is not None
@@ -290,12 +297,21 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         reporter.checkpointer = Checkpointer(checkpoint_path, float(cfg.checkpoint.interval),
                                              lambda: state("checkpoint"),
                                              pause=collector.pause if disk_replay else None)
+    if algo.eval_interval:
+        reporter.evaluator = Evaluator(env_factory, model_spec.build(env_spec), episodes=int(algo.eval_episodes),
+                                       seed=int(cfg.seed))
+        reporter.eval_interval = int(algo.eval_interval)
+        reporter.snapshot = lambda: (trainer.model.state_dict(), trainer.policy_version)
+    reporter.target_metric = str(algo.target_metric)
     stop_reason, code, keep_last_good = "total_frames", EXIT_OK, False
     try:
         if trainer.on_policy:
             stop_reason = run_on_policy(collector, trainer, reporter)
         else:
             stop_reason = run_off_policy(collector, trainer, buffer, reporter)
+        reporter.final_evaluation()  # the final weights, greedily, on the eval envs
+    except EvaluationError as err:
+        stop_reason, code = f"failed: {err}", EXIT_FAILED
     except (KeyboardInterrupt, Interrupted) as err:
         stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
     except CollectorError as err:
@@ -315,6 +331,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         with _best_effort(lost, "close the progress display"):
             reporter.close()
         collector.shutdown()
+        if reporter.evaluator is not None:
+            reporter.evaluator.close()
         reserve.release()
         if reporter.pending or reporter.last_frames != collector.frames:
             with _best_effort(lost, "write the last metrics row"):
@@ -330,6 +348,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                 "stop_reason": stop_reason,
                 "episode/return_mean": tracker.mean_return,
                 "episode/count": tracker.total,
+                **({"eval/return_mean": reporter.last_eval["return_mean"],
+                    "eval/policy_version": reporter.last_eval["policy_version"]} if reporter.last_eval else {}),
                 "solved": stop_reason == "target_return",
             })
         with _best_effort(lost, "close the logger"):
@@ -403,7 +423,8 @@ def main_from_hydra(cfg: DictConfig) -> float | None:
     error = None
     try:
         code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), overrides),
-                   sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent)
+                   sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent,
+                   preset=preset_line(hydra_cfg.runtime.choices, str(cfg.env.id)))
     except ConfigError as err:
         error = f"config error: {err}"
         print(error, file=sys.stderr, flush=True)

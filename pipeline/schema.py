@@ -43,6 +43,10 @@ class ModelSchema:
     features: int = 512
     #: initial log standard deviation of Gaussian action heads (actor-critics)
     init_log_std: float = 0.0
+    #: normalise observations with running mean/std kept in the weights (actor-critics, mlp encoder)
+    obs_norm: bool = False
+    #: clip normalised observations to [-obs_clip, obs_clip]
+    obs_clip: float = 10.0
     #: hidden-layer activation: tanh or relu
     activation: str = "tanh"
 

@@ -131,6 +131,12 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "workers.restart_window", lambda v: v > 0, "> 0 seconds")
     _check(cfg, "server.max_restarts", lambda v: v >= 0, ">= 0 (0: a dead server fails the run)")
     _one_of(cfg, "trainer.nan_policy", ("error", "skip"))
+    _one_of(cfg, "trainer.target_metric", ("train", "eval"))
+    if get("trainer.eval_interval") is not None:
+        _check(cfg, "trainer.eval_interval", lambda v: v >= 1, ">= 1 frames (or null: no evaluation)")
+    elif get("trainer.target_metric") == "eval":
+        raise ConfigError("trainer.target_metric='eval': needs trainer.eval_interval (frames between evaluations)")
+    _check(cfg, "trainer.eval_episodes", lambda v: v >= 1, ">= 1")
     if get("workers.step_timeout") is not None:
         _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
     if check_env:
@@ -144,6 +150,13 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _one_of(cfg, "model.encoder", ("mlp", "nature_cnn"))
     _one_of(cfg, "model.activation", ("tanh", "relu"))
     _check(cfg, "model.hidden", lambda v: len(v) > 0 and all(int(h) >= 1 for h in v), "a non-empty list of widths >= 1")
+    _check(cfg, "model.obs_clip", lambda v: v > 0, "> 0")
+    if get("model.obs_norm"):
+        if get("model.encoder") != "mlp":
+            raise ConfigError(f"model.obs_norm=true: normalises vector observations (model.encoder=mlp), not "
+                              f"model.encoder={get('model.encoder')!r} (images are scaled by 1/255)")
+        if "QNetwork" in str(get("model._target_")):
+            raise ConfigError("model.obs_norm=true: implemented for actor-critics (trainer=ppo), not Q-networks")
 
     # workers / transport / server
     _one_of(cfg, "workers.backend", ("thread", "process"))

@@ -15,6 +15,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[atari,dev,sweep]" "$TORCH_SPEC"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[atari,dev,sweep,box2d,mujoco]" "$TORCH_SPEC"
     touch "$stamp"
 fi

@@ -208,6 +208,8 @@ class NumpyActorCritic:
         self._actor, self._critic = actor[1:], critic[1:]
         if not self._discrete:
             self._log_std = self.source.head.log_std.detach().cpu().numpy().astype(np.float64)
+        norm = getattr(self.source, "obs_norm", None)
+        self._norm = None if norm is None else norm.numpy_params()
 
     def _activate(self, x: np.ndarray, activation: str | None) -> np.ndarray:
         if activation == "tanh":
@@ -223,6 +225,9 @@ class NumpyActorCritic:
         if self._rows.shape[0] < n:
             self._rows = np.arange(max(n, 256))
         x = obs.reshape(n, -1).astype(np.float32, copy=False)
+        if self._norm is not None:
+            mean, inv_std, clip = self._norm
+            x = np.clip((x - mean) * inv_std, -clip, clip)
         weight, bias = self._first
         h = x @ weight
         h += bias

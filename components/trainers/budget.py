@@ -23,3 +23,9 @@ class RunBudget:
     target_return: float | None = None
     target_window: int = 20
     nan_policy: str = "error"
+    #: frames between greedy evaluations on separate envs (None: no evaluation)
+    eval_interval: int | None = None
+    #: episodes per evaluation
+    eval_episodes: int = 10
+    #: what target_return is compared with: "train" (the collecting policy's episodes) or "eval"
+    target_metric: str = "train"

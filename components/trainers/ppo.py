@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.normalization import RewardScaler
 from components.trainers.base import check_finite, config_from
 from components.trainers.budget import RunBudget
 
@@ -53,6 +54,8 @@ class PPOConfig(RunBudget):
     target_kl: float | None = None
     max_policy_lag: int = 2
     adam_eps: float = 1e-5
+    #: divide rewards by the running std of discounted returns (gymnasium's NormalizeReward)
+    reward_scale: bool = False
 
 
 def gae(
@@ -109,6 +112,7 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
         self._version = int(policy_version)  # the label of the initial weights (0 unless resumed)
         self.frames = 0
+        self.reward_scaler = RewardScaler(config.gamma) if config.reward_scale else None
 
     @property
     def policy_version(self) -> int:
@@ -116,13 +120,18 @@ class PPOTrainer:
         return self._version
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "policy_version": self._version, "frames": self.frames}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "policy_version": self._version, "frames": self.frames}
+        if self.reward_scaler is not None:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._version, self.frames = int(state["policy_version"]), int(state["frames"])
+        if self.reward_scaler is not None and "reward_scaler" in state:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
 
     def _advantages(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
@@ -145,8 +154,10 @@ class PPOTrainer:
                 idx = torch.from_numpy(np.flatnonzero(cut))
                 obs = batch["next", "observation"][idx].to(self.device)
                 next_values[cut] = self.model.value(obs).double().cpu().numpy()
-        adv = gae(batch["next", "reward"].numpy().astype(np.float64), values, next_values,
-                  terminated, continues, cfg.gamma, cfg.gae_lambda)
+        rewards = batch["next", "reward"].numpy().astype(np.float64)
+        if self.reward_scaler is not None:
+            rewards = self.reward_scaler.scale(env, step, rewards, done)
+        adv = gae(rewards, values, next_values, terminated, continues, cfg.gamma, cfg.gae_lambda)
         adv_t = torch.from_numpy(adv).float()
         return adv_t, adv_t + torch.from_numpy(values).float()
 
@@ -222,6 +233,11 @@ class PPOTrainer:
                 self.optimizer.step()
             if cfg.target_kl is not None and float(torch.stack(approx_kls[-cfg.minibatches:]).mean()) > cfg.target_kl:
                 break
+        norm = getattr(self.model, "obs_norm", None)
+        if norm is not None:
+            # After the gradient steps: this update evaluated the batch with the statistics it was
+            # acted on with; the new ones go to the server with these weights.
+            norm.update(obs)
         self._version += 1
         var_y = returns.var()
         explained = float(1 - (returns - old_values).var() / var_y) if var_y > 0 else float("nan")

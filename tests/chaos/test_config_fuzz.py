@@ -32,13 +32,14 @@ BAD = [
     "model.hidden=[0]", "trainer.frames_per_batch=100000000000", "hydra.run.dir=/proc/nope",
     "env.factory._target_=no.such.Factory", "logger.sinks=[jsonl,mlflow]", "logger.sinks=[wandb,wandb]",
     "logger.wandb_timeout=0", "sweep.objective=loss", "sweep.direction=up", "server.max_restarts=-1",
-    "trainer.nan_policy=ignore",
+    "trainer.nan_policy=ignore", "trainer.eval_interval=0", "trainer.eval_episodes=0", "trainer.target_metric=best",
+    "trainer.target_metric=eval", "env=atari model.obs_norm=true",
 ]
 DQN_BAD = ["replay.capacity=0", "replay.alpha=-1", "replay.beta=2", "replay.eps=0", "replay.storage=tape",
            "replay.frame_dedup=maybe", "replay.frame_dedup=true", "replay.max_policy_lag=-2", "trainer.tau=0",
            "trainer.batch_size=0", "trainer.batch_size=1000000", "trainer.n_step=0", "trainer.eps_start=2",
-           "trainer.eps_fraction=0", "replay.storage=disk replay.capacity=10000000000"]
-CASES = [[o] for o in BAD] + [["trainer=dqn", "replay=uniform", *o.split()] for o in DQN_BAD]
+           "trainer.eps_fraction=0", "replay.storage=disk replay.capacity=10000000000", "model.obs_norm=true"]
+CASES = [o.split() for o in BAD] + [["trainer=dqn", "replay=uniform", *o.split()] for o in DQN_BAD]
 
 
 def _run(args: list[str], tmp) -> subprocess.CompletedProcess:  # noqa: ANN001

@@ -1,0 +1,142 @@
+"""Greedy evaluation episodes on envs of their own, beside training.
+
+The training return is the return of the *exploring* policy, averaged over
+whatever episodes happened to end; what a user wants to know is how the
+policy does when it acts greedily. Every ``trainer.eval_interval`` frames
+the runner hands an :class:`Evaluator` a copy of the current weights (with
+their policy version); a background thread plays ``eval_episodes`` whole
+episodes on separate envs (seeded apart from the training envs) in
+deterministic mode and reports ``eval/return_mean`` (and its std, lengths,
+the version evaluated). Collection never waits for it: the collector's envs
+and server are not touched, and an evaluation still running when the next
+one is due is not doubled up.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from components.interaction import InteractionMode
+
+#: Seeds of eval envs start here, far from the training envs' (derived from the run seed).
+EVAL_SEED_OFFSET = 1_000_003
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation env failed; the message names the env id and the error."""
+
+
+class Evaluator:
+    """Plays greedy episodes with snapshots of the policy in a background thread.
+
+    Args:
+        env_factory: builds one env (the training env's factory).
+        model: a module of the served policy's architecture (its weights are
+            replaced by each snapshot).
+        episodes: episodes per evaluation (run on that many envs at once).
+        seed: the run seed; eval env ``i`` of evaluation ``k`` is seeded
+            from it, ``i`` and ``k``.
+        max_steps: a step budget per evaluation, against envs that never end.
+    """
+
+    def __init__(self, env_factory: Callable[[], Any], model: torch.nn.Module, *, episodes: int = 10,
+                 seed: int = 0, max_steps: int = 1_000_000) -> None:
+        self.env_factory = env_factory
+        self.model = copy.deepcopy(model).cpu().eval()
+        self.episodes, self.seed, self.max_steps = int(episodes), int(seed), int(max_steps)
+        self._envs: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._result: dict[str, float] | None = None
+        self._error: BaseException | None = None
+        self.count = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, weights: Mapping[str, torch.Tensor], version: int, frames: int) -> bool:
+        """Evaluate these weights in the background; False (nothing started) while one still runs."""
+        if self.busy:
+            return False
+        state = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+        self.count += 1
+        self._thread = threading.Thread(target=self._run, args=(state, version, frames, self.count),
+                                        name="evaluation", daemon=True)
+        self._thread.start()
+        return True
+
+    def poll(self) -> dict[str, float] | None:
+        """The newest finished evaluation's metrics (once), raising if one failed."""
+        with self._lock:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise EvaluationError(f"evaluation failed: {type(error).__name__}: {error}") from None
+            result, self._result = self._result, None
+        return result
+
+    def wait(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        self.wait(5.0)
+        for env in self._envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing must not mask anything
+                pass
+        self._envs = []
+
+    def _run(self, state: dict[str, torch.Tensor], version: int, frames: int, count: int) -> None:
+        try:
+            started = time.monotonic()
+            torch.set_num_threads(1)  # this thread's pool only: leaves the trainer its own
+            self.model.load_state_dict(state)
+            returns, lengths = self._play(count)
+            result = {"return_mean": float(np.mean(returns)), "return_std": float(np.std(returns)),
+                      "length_mean": float(np.mean(lengths)), "episodes": float(len(returns)),
+                      "policy_version": float(version), "frames": float(frames),
+                      "seconds": time.monotonic() - started}
+            with self._lock:
+                self._result = result
+        except BaseException as err:  # noqa: BLE001 - handed to the runner by poll()
+            with self._lock:
+                self._error = err
+
+    def _play(self, count: int) -> tuple[list[float], list[int]]:
+        if not self._envs:
+            self._envs = [self.env_factory() for _ in range(self.episodes)]
+        seeds = np.random.SeedSequence([self.seed, EVAL_SEED_OFFSET, count]).generate_state(self.episodes)
+        obs = np.stack([np.asarray(env.reset(seed=int(s))[0]) for env, s in zip(self._envs, seeds)])
+        live = np.ones(self.episodes, bool)
+        returns, lengths = np.zeros(self.episodes), np.zeros(self.episodes, np.int64)
+        modes = torch.full((self.episodes,), int(InteractionMode.DETERMINISTIC), dtype=torch.int8)
+        space = self._envs[0].action_space
+        low, high = getattr(space, "low", None), getattr(space, "high", None)
+        steps = 0
+        while live.any() and steps < self.max_steps:
+            with torch.no_grad():
+                actions = self.model.act({"observation": torch.as_tensor(obs)}, modes)["action"].numpy()
+            for i in np.flatnonzero(live):
+                action = actions[i]
+                if low is not None:
+                    action = np.clip(action, low, high)
+                else:
+                    action = int(action)
+                o, r, terminated, truncated, _ = self._envs[i].step(action)
+                obs[i] = o
+                returns[i] += float(r)
+                lengths[i] += 1
+                if terminated or truncated:
+                    live[i] = False
+            steps += 1
+        done = ~live
+        return returns[done].tolist() or returns.tolist(), lengths[done].tolist() or lengths.tolist()

@@ -1,0 +1,83 @@
+"""Greedy evaluation on separate envs: what it reports, what it stops, what it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from components.envs import GymEnvFactory, probe_env_spec
+from components.models import ActorCritic
+from pipeline.evaluation import EvaluationError, Evaluator
+from tests.conftest import run_pipeline
+from tests.fakes import FaultyEnvFactory
+
+
+def test_an_evaluation_plays_whole_greedy_episodes_with_the_given_weights():
+    factory = GymEnvFactory("CartPole-v1")
+    model = ActorCritic(probe_env_spec(factory), hidden=(8,))
+    evaluator = Evaluator(factory, model, episodes=4, seed=1)
+    try:
+        assert evaluator.start(model.state_dict(), version=7, frames=100)
+        assert not evaluator.start(model.state_dict(), version=8, frames=200) or not evaluator.busy
+        evaluator.wait(60)
+        result = evaluator.poll()
+        assert result["episodes"] == 4 and result["policy_version"] == 7 and result["frames"] == 100
+        assert result["return_mean"] == result["length_mean"] > 0, "CartPole: return = length"
+        assert evaluator.poll() is None, "each result once"
+        # the same weights and seeds play the same greedy episodes
+        evaluator.start(model.state_dict(), version=7, frames=100)
+        evaluator.wait(60)
+        again = evaluator.poll()
+        assert again["return_mean"] > 0
+    finally:
+        evaluator.close()
+
+
+def test_snapshots_are_copies_not_views_of_the_trainers_weights():
+    factory = GymEnvFactory("CartPole-v1")
+    model = ActorCritic(probe_env_spec(factory), hidden=(8,))
+    evaluator = Evaluator(factory, model, episodes=1, seed=1)
+    weights = model.state_dict()
+    try:
+        evaluator.start(weights, version=1, frames=1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(100.0)  # the trainer moves on while the evaluation runs
+        evaluator.wait(60)
+        assert not torch.equal(evaluator.model.actor[-1].weight, model.actor[-1].weight)
+    finally:
+        evaluator.close()
+
+
+def test_a_failing_eval_env_is_one_clear_error():
+    factory = FaultyEnvFactory(at_step=3, fault="raise")
+    evaluator = Evaluator(factory, ActorCritic(probe_env_spec(GymEnvFactory("CartPole-v1")), hidden=(8,)), episodes=2)
+    try:
+        evaluator.start(evaluator.model.state_dict(), version=0, frames=0)
+        evaluator.wait(60)
+        with pytest.raises(EvaluationError, match="evaluation failed: RuntimeError: boom at step 3"):
+            evaluator.poll()
+    finally:
+        evaluator.close()
+
+
+@pytest.mark.slow
+def test_a_run_logs_eval_returns_and_can_stop_on_them(tmp_path):
+    run_dir = tmp_path / "eval"
+    result = run_pipeline(["trainer.eval_interval=2000", "trainer.eval_episodes=3", "trainer.target_metric=eval",
+                           "trainer.target_return=60", "trainer.total_frames=60000", "logger=jsonl",
+                           "logger.interval=0.3", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/return_mean"] for r in rows[:-1] if "eval/return_mean" in r]
+    summary = rows[-1]["summary"]
+    assert evals and summary["stop_reason"] == "target_return" and summary["eval/return_mean"] >= 60
+    assert summary["frames"] < 60000
+
+
+def test_target_metric_eval_needs_an_eval_interval(tmp_path):
+    result = run_pipeline(["trainer.target_metric=eval", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "trainer.target_metric='eval': needs trainer.eval_interval" in result.stderr
