@@ -24,8 +24,8 @@ from pipeline.report.runs import find_run_dirs, load_runs
 REPORT = "report.html"
 
 
-def write_report(root: Path, *, refresh_s: float | None = None) -> tuple[Path, int, bool]:
-    """Build ``root/report.html``; returns its path, the number of runs and whether any is running."""
+def write_report(root: Path, *, refresh_s: float | None = None) -> tuple[Path, int]:
+    """Build ``root/report.html``; returns its path and the number of runs."""
     runs = load_runs(root)
     page = build_page(runs, f"rlpipeline report: {root.resolve().name or root}", refresh_s=refresh_s)
     out = root / REPORT
@@ -35,7 +35,7 @@ def write_report(root: Path, *, refresh_s: float | None = None) -> tuple[Path, i
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return out, len(runs), any(r.status == "running" for r in runs)
+    return out, len(runs)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -44,16 +44,15 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 def serve(root: Path, port: int, every: float) -> None:
-    out, count, running = write_report(root, refresh_s=every)
+    out, count = write_report(root, refresh_s=every)
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     stop = threading.Event()
 
     def rebuild() -> None:
-        nonlocal running
         while not stop.wait(every):
             try:
-                _, _, running = write_report(root, refresh_s=every)
+                write_report(root, refresh_s=every)
             except Exception as err:  # noqa: BLE001 - keep serving the last good page
                 print(f"warning: could not rebuild the report: {err}", file=sys.stderr, flush=True)
 
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {root}: no runs there (no metrics.jsonl below it)", file=sys.stderr)
         return 1
     started = time.monotonic()
-    out, count, _ = write_report(root)
+    out, count = write_report(root)
     print(f"{out} ({count} runs, {time.monotonic() - started:.1f} s)")
     return 0
 
