@@ -4,7 +4,7 @@ A signal handler can only raise an exception at the next bytecode the main
 thread runs; if that bytecode sits inside a library's bare ``except:`` (a
 few optional-import probes have one), the ``KeyboardInterrupt`` is swallowed
 and the run would go on as if nothing happened. So the handler also writes
-the signal down, and the runner checks the note between start-up phases.
+the signal down, and the runner acts on the note between start-up phases.
 """
 
 from __future__ import annotations
@@ -18,11 +18,19 @@ _PENDING: list[str] = []
 def _note_and_raise(signum: int, _frame: Any) -> None:
     name = signal.Signals(signum).name
     _PENDING.append(name)
-    raise KeyboardInterrupt(name)
+    if len(_PENDING) > 1:  # a second signal: do not wait for the next check
+        raise KeyboardInterrupt(name)
 
 
 def catch_early() -> None:
-    """From here on SIGINT and SIGTERM raise ``KeyboardInterrupt`` and are remembered."""
+    """From here on SIGINT and SIGTERM are remembered; the runner acts on the first one at its next check.
+
+    Raising from the handler at once could land inside a library's
+    half-done state change (OmegaConf's flag handling while Hydra composes
+    the config), which then fails with an unrelated error and a traceback.
+    The runner checks (:func:`raise_if_pending`) as soon as it starts and
+    between its start-up phases; a second signal raises at once.
+    """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _note_and_raise)
 
