@@ -9,6 +9,7 @@ second (no torch).
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,43 @@ def env_seeds(seed: int, num_envs: int, restart: int = 0) -> list[int]:
     return [int(child.generate_state(1, dtype=np.uint32)[0]) for child in children]
 
 
+_MUJOCO_SEEN: set[str] = set()
+
+
+def _mujoco_warning(message: str) -> None:
+    """MuJoCo's warning hook: each distinct message once per process, to logging.
+
+    MuJoCo's default hook appends every warning to ``MUJOCO_LOG.TXT`` in the
+    current directory and prints it; gymnasium's v5 models trigger a compiler
+    deprecation warning on every env built, so a run with 16 envs would print
+    it 16 times and litter the directory the user ran from. Deprecations of
+    the bundled models are not the user's to act on: they go to debug level.
+    """
+    text = str(message).strip()
+    if text in _MUJOCO_SEEN:
+        return
+    _MUJOCO_SEEN.add(text)
+    level = logging.DEBUG if "deprecated" in text else logging.WARNING
+    logging.getLogger("mujoco").log(level, "mujoco: %s", text)
+
+
+def _install_mujoco_warning_hook(env_id: str) -> None:
+    import gymnasium as gym
+
+    try:
+        entry_point = str(gym.spec(env_id).entry_point)
+    except Exception:  # noqa: BLE001 - an unknown id fails later, with its own message
+        return
+    if "mujoco" not in entry_point:
+        return
+    import mujoco
+
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def _ensure_registered(env_id: str) -> None:
+    _install_mujoco_warning_hook(env_id)
     if env_id.startswith("ALE/"):
         try:
             import ale_py

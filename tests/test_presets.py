@@ -49,3 +49,21 @@ def test_the_family_envs_build_when_their_extra_is_installed(module, env_id, obs
     spec = probe_env_spec(GymEnvFactory(env_id))
     assert spec.obs_shape == obs and spec.action_kind == kind
     assert Machine.detect().cpus >= 1
+
+
+def test_mujoco_warnings_go_to_logging_not_to_a_file_in_the_working_directory(tmp_path):
+    """MuJoCo's default hook appends to ./MUJOCO_LOG.TXT and prints on every env built."""
+    pytest.importorskip("mujoco", reason="the mujoco extra is not installed (scripts/setup.sh installs it)")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("from components.envs import GymEnvFactory\n"
+            "for _ in range(3):\n    GymEnvFactory('HalfCheetah-v5')().close()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    assert "settotalmass" not in done.stderr + done.stdout
