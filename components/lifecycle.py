@@ -155,6 +155,8 @@ def release_semaphore_names(*owners: object) -> int:
                 collect(item)
 
     for owner in owners:
+        if owner is None:  # e.g. no transport: the policy runs inline in the workers
+            continue
         for value in vars(owner).values():
             collect(value)
     # The creator's exit-time clean-up would unlink the names again and complain.

@@ -80,19 +80,26 @@ def _device(value: str, machine: Machine) -> tuple[str, str]:
     return value, value
 
 
-def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpus: int) -> tuple[int, str]:
+def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpus: int,
+                         server: str = "process") -> tuple[int, str]:
     """How many envs one worker hosts, and why.
 
     Thread workers share the GIL, so one worker steps them all and sends one
     request. Process workers get one worker per CPU, minus one CPU for the
     inference server: measured on 2 CPUs (Pong, 16 envs), one worker that
     alternates two blocks of 8 ran 1.4x faster than two workers of 8, which
-    left a CPU idle whenever both waited for the server.
+    left a CPU idle whenever both waited for the server. With the policy
+    inline there is no server to leave a CPU to: one worker per CPU.
     """
     if requested is not None:
         return min(int(requested), num_envs), f"{workers} workers of {min(int(requested), num_envs)} envs"
     if workers == "thread":
         return num_envs, f"auto -> one thread worker steps all {num_envs} envs (threads share the GIL)"
+    if server == "inline":
+        count = min(num_envs, max(1, cpus))
+        per_worker = math.ceil(num_envs / count)
+        return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
+                            "each with its own policy (server=inline)")
     count = min(num_envs, max(1, cpus - 1))
     per_worker = math.ceil(num_envs / count)
     return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
@@ -151,7 +158,17 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
     storing_device, _ = _device(str(cfg.device.storing_device), machine)
 
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
-    if transport == "auto":
+    splits = int(cfg.workers.splits)
+    if server == "inline":
+        if policy_device != "cpu":
+            policy_note = f"server=inline -> cpu: each worker runs its copy of the policy on its CPU ({policy_note})"
+            policy_device = "cpu"
+        reasons.append(("transport", "none: server=inline evaluates the policy inside each env worker, no "
+                                     "request ever leaves the worker"))
+        splits_note = "; 1 block per worker (inline answers within the call: nothing to overlap)" \
+            if splits != 1 else ""
+        splits = 1
+    elif transport == "auto":
         transport, why = "slots", "auto -> slots: every worker reaches the server's shared-memory slots directly"
         if workers == "process" and server != "process":
             if shareable:
@@ -164,20 +181,22 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
     else:
         reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
 
-    per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus)
-    reasons.insert(0, ("workers", f"{why}; {cfg.workers.splits} block(s) per worker"))
-    where = "a dedicated process" if server == "process" else "a driver thread"
+    per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
+    if server == "inline":
+        reasons.insert(0, ("workers", f"{why}{splits_note or f'; {splits} block(s) per worker'}"))
+    else:
+        reasons.insert(0, ("workers", f"{why}; {splits} block(s) per worker"))
+    where = {"process": "a dedicated process", "thread": "a driver thread",
+             "inline": f"each of the {math.ceil(num_envs / per_worker)} env worker(s) (its own copy)"}[server]
     device_text = policy_device if policy_note == policy_device else f"{policy_device} ({policy_note})"
     split = ""
-    if cfg.server.max_batch_size < min(per_worker, num_envs):
+    if server != "inline" and cfg.server.max_batch_size < min(per_worker, num_envs):
         passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
         split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
     engine, engine_why = _serving_engine(cfg, policy_device)
-    reasons.append((
-        "server",
-        f"{server}: policy on {device_text} in {where}, batches of "
-        f"{cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}; engine {engine_why}",
-    ))
+    batching = (f"one forward per block of up to {per_worker} rows" if server == "inline" else
+                f"batches of {cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}")
+    reasons.append(("server", f"{server}: policy on {device_text} in {where}, {batching}; engine {engine_why}"))
 
     mode = str(cfg.chunking.mode)
     if mode == "fixed":
@@ -215,7 +234,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
         num_envs=num_envs,
         envs_per_worker=per_worker,
         chunk_len=chunk_len,
-        splits=int(cfg.workers.splits),
+        splits=splits,
         chunks_per_worker=cfg.chunking.chunks_per_worker,
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,

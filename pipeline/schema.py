@@ -77,7 +77,7 @@ class TransportSchema:
 
 @dataclass
 class ServerSchema:
-    #: thread (in the driver) or process (dedicated inference process)
+    #: thread (in the driver), process (dedicated inference process) or inline (a policy copy in every env worker)
     backend: str = "thread"
     #: most observation rows per forward pass
     max_batch_size: int = 256

@@ -173,7 +173,7 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
                     f"within the usable CPUs {sorted(usable)}"
                 )
     _one_of(cfg, "transport.kind", ("auto", "slots"))
-    _one_of(cfg, "server.backend", ("thread", "process"))
+    _one_of(cfg, "server.backend", ("thread", "process", "inline"))
     for key in ("server.max_batch_size", "server.min_batch_size", "server.stats_reservoir", "server.num_threads"):
         _check(cfg, key, *positive)
     min_batch, max_batch = get("server.min_batch_size"), get("server.max_batch_size")
@@ -190,6 +190,9 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             and not policy_device.startswith("cuda"):
         raise ConfigError(f"device.policy_device={policy_device!r}: server=process needs a cpu or cuda "
                           "policy (weights must be shareable with the inference process; use server=thread)")
+    if get("server.backend") == "inline" and policy_device not in ("cpu", "auto"):
+        raise ConfigError(f"device.policy_device={policy_device!r}: server=inline runs a copy of the policy on "
+                          "each env worker's CPU (use server=process or server=thread for an accelerator)")
     replay_kind = get("replay.kind")
     if replay_kind != "none" and get("replay.storage") == "disk" and storing_device not in ("cpu", "auto"):
         raise ConfigError(f"device.storing_device={storing_device!r}: replay.storage=disk keeps "

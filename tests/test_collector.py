@@ -27,6 +27,8 @@ GRAPHS = {
                                              splits=2),
     "thread-thread-split": GraphSpec("thread", "thread", num_envs=5, envs_per_worker=5, chunk_len=2,
                                             splits=2),
+    "thread-inline": GraphSpec("thread", "inline", num_envs=5, envs_per_worker=2, chunk_len=1),
+    "process-inline": GraphSpec("process", "inline", num_envs=5, envs_per_worker=2, chunk_len=4),
 }
 
 
@@ -103,7 +105,7 @@ def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("name", ["thread-thread", "process-process"])
+@pytest.mark.parametrize("name", ["thread-thread", "process-process", "thread-inline", "process-inline"])
 def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(name):
     collector = _collector(GRAPHS[name], 32, -1).start()
     try:
@@ -143,8 +145,9 @@ def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers):
         collector.shutdown()
 
 
-def test_weights_pushed_before_start_are_served_from_the_first_step():
-    graph = GRAPHS["process-process"]
+@pytest.mark.parametrize("name", ["process-process", "process-inline"])
+def test_weights_pushed_before_start_are_served_from_the_first_step(name):
+    graph = GRAPHS[name]
     collector = _collector(graph, 20, 20)
     model = SMALL_MLP.build(collector.env_spec)
     with torch.no_grad():
@@ -159,7 +162,7 @@ def test_weights_pushed_before_start_are_served_from_the_first_step():
     assert torch.allclose(batch["state_value"], torch.zeros(20)), "zeroed weights give zero values"
 
 
-@pytest.mark.parametrize("server", ["thread", "process"])
+@pytest.mark.parametrize("server", ["thread", "process", "inline"])
 def test_initial_weights_pushed_as_version_0_are_stamped_0_and_an_initial_version_carries_through(server):
     graph = GraphSpec("thread", server, num_envs=4, envs_per_worker=4, chunk_len=1)
     collector = _collector(graph, 16, 16)
@@ -227,6 +230,8 @@ PLACEMENTS = {
                                                chunk_len=2, splits=2),
     "process-workers-process-server": GraphSpec("process", "process", num_envs=4, envs_per_worker=2,
                                                 chunk_len=2, splits=2),
+    "thread-workers-inline": GraphSpec("thread", "inline", num_envs=4, envs_per_worker=2, chunk_len=2),
+    "process-workers-inline": GraphSpec("process", "inline", num_envs=4, envs_per_worker=2, chunk_len=2, splits=2),
 }
 
 

@@ -432,3 +432,17 @@ def test_device_auto_says_what_it_found():
 def test_chunking_auto_follows_its_rule(overrides, chunk_len):
     plan = resolve_plan(compose(*overrides), CPU_MACHINE)
     assert plan.graph.chunk_len == chunk_len
+
+
+def test_server_inline_has_no_transport_one_block_per_worker_and_a_cpu_policy():
+    plan = resolve_plan(compose("workers=process", "server=inline"), CPU_MACHINE)
+    g = plan.graph
+    assert (g.server, g.splits, g.num_workers) == ("inline", 1, CPU_MACHINE.cpus)
+    assert plan.reason("transport").startswith("none: server=inline")
+    assert "1 block per worker (inline answers within the call" in plan.reason("workers")
+    assert "each with its own policy (server=inline)" in plan.reason("workers")
+    assert plan.server.engine == "numpy" and "one forward per block" in plan.reason("server")
+    gpu = resolve_plan(compose("server=inline", "device=auto"), GPU_MACHINE)
+    assert gpu.server.device == "cpu" and "server=inline -> cpu" in gpu.reason("server")
+    with pytest.raises(ConfigError, match="server=inline runs a copy of the policy on each env worker's CPU"):
+        validate(compose("server=inline", "device=cuda"), cuda_available=True, cuda_count=1)

@@ -177,3 +177,23 @@ def test_sigkill_of_the_runner_leaves_no_orphan_processes(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     assert_group_gone(proc.pid, within=5)
+
+
+@pytest.mark.parametrize(("overrides", "trainer", "frames"), [
+    (["workers=process"], "ppo", 6144),
+    (["trainer=dqn", "replay=uniform", "trainer.learning_starts=512"], "dqn", 3072),
+])
+def test_the_policy_inline_in_the_workers_trains_with_every_trainer(tmp_path, overrides, trainer, frames):
+    """server=inline: weights reach every worker's copy (versions advance), statistics keep the server's keys."""
+    run_dir = tmp_path / trainer
+    result = run_pipeline(["server=inline", *overrides, f"trainer.total_frames={frames}", "trainer.target_return=null",
+                           "logger=jsonl",
+                           "logger.interval=0.5", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transport none: server=inline" in result.stdout
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == frames
+    assert rows[-1]["server/policy_version"] > 0 and rows[-1]["server/rows_total"] >= summary["frames"]
+    assert rows[-1]["server/weight_updates_total"] > 1
+    if trainer == "dqn":
+        assert rows[-1]["train/epsilon"] < 1.0 and rows[-1]["replay/sampled"] > 0

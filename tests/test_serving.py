@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -62,3 +64,50 @@ def test_auto_picks_numpy_for_cpu_mlps_and_torch_otherwise():
     with pytest.raises(ValueError, match="only MLP encoders"):
         serving_engine(cnn, "numpy", "cpu")
     assert isinstance(serving_engine(ActorCritic(DISCRETE), "torch", "cpu"), TorchEngine)
+
+
+def test_lock_free_weight_reads_never_see_half_a_publish_and_survive_a_dead_lock_holder():
+    """``read_into`` (inline workers) retries around publishes and never takes the lock."""
+    import threading
+
+    from components.inference.weights import SharedWeights
+
+    template = {"w": torch.zeros(4096)}
+    shared = SharedWeights(template, threading)
+    target = torch.nn.Module()
+    target.register_buffer("w", torch.zeros(4096))
+    stop = threading.Event()
+
+    def publisher() -> None:
+        v = 0
+        while not stop.is_set():
+            v += 1
+            shared.publish({"w": torch.full((4096,), float(v))}, version=v)
+
+    thread = threading.Thread(target=publisher, daemon=True)
+    thread.start()
+    torn = reads = 0
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            got = shared.read_into(target)
+            if got is None:
+                continue
+            reads += 1
+            values = target.w.unique()
+            if values.numel() != 1 or int(values[0]) != got[0]:
+                torn += 1
+    finally:
+        stop.set()
+        thread.join(5)
+    assert reads > 0 and torn == 0
+    shared._lock.acquire()  # a reader killed while holding the lock (copy_into) would block forever
+    try:
+        shared._writing[0] = 0
+        assert shared.read_into(target) is not None
+        shared._writing[0] = 1  # a publish that never finishes: the reader gives up and keeps its weights
+        started = time.monotonic()
+        assert shared.read_into(target, give_up_s=0.05) is None
+        assert time.monotonic() - started < 1.0
+    finally:
+        shared._lock.release()

@@ -32,6 +32,7 @@ from components.collector.restarts import WorkerRestarts
 from components.collector.worker import PAUSED, RUNNING, WorkerControl, transition_fields
 from components.collector.writer import ReplayWriter
 from components.envs import EnvSpec, env_seeds, probe_env_spec
+from components.inference.inline import InlineServer
 from components.inference.loop import ServerConfig
 from components.inference.server import InferenceServer, ServerError
 from components.inference.slots import SlotTransport
@@ -183,8 +184,19 @@ class AsyncBatchedCollector:
             first += r
         self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout)
 
-    def _server_side(self, version: int) -> tuple[SlotTransport, InferenceServer, list[list[Any]]]:
-        """A fresh transport, a server for it (not started) and every block's client."""
+    def _server_side(self, version: int) -> tuple[SlotTransport | None, Any, list[list[Any]]]:
+        """A fresh transport, a server for it (not started) and every block's client.
+
+        ``server=inline`` has no transport: the "server" only publishes
+        weights and reads statistics, and each worker's channels answer
+        with the worker's own copy of the policy.
+        """
+        if self.graph.server == "inline":
+            ctx = self._mp if self.graph.workers == "process" else threading
+            inline = InlineServer(self.model_spec, self.env_spec, self.server_config, len(self._rows), ctx,
+                                  self._template, version)
+            observation = self.env_spec.observation_field()
+            return None, inline, [inline.channels(w, sizes, observation) for w, sizes in enumerate(self._splits)]
         num_slots, slot_rows, ctx = self._slots_shape
         slots = SlotTransport(self.layout, num_slots=num_slots, rows_per_slot=slot_rows, ctx=ctx)
         server = InferenceServer(
@@ -193,6 +205,13 @@ class AsyncBatchedCollector:
             affinity=self._driver_affinity if self.graph.server == "thread" else None,
         )
         return slots, server, [[slots.client() for _ in sizes] for sizes in self._splits]
+
+    def _worker_channels(self, w: int) -> list[Any]:
+        """Fresh action channels for a relaunched worker ``w`` (its request slots, or a new policy copy)."""
+        if self._slots is None:
+            self._channels[w] = self.server.channels(w, self._splits[w], self.env_spec.observation_field())
+            return self._channels[w]
+        return [self._slots.client(ch.slot) for ch in self._channels[w]]
 
     def _release_names(self) -> None:
         """Drop the semaphore names once every process opened them, unless a relaunched process needs them.

@@ -12,7 +12,8 @@ class GraphSpec:
 
     Attributes:
         workers: "thread" or "process" (the env backend).
-        server: "thread" (in the driver) or "process" (a dedicated process).
+        server: "thread" (in the driver), "process" (a dedicated process) or
+            "inline" (a copy of the policy inside every env worker).
         num_envs / envs_per_worker: env count and block size per worker.
         chunk_len: consecutive steps per worker message.
         splits: blocks each worker steps alternately, each with its own
@@ -42,8 +43,8 @@ class GraphSpec:
     def __post_init__(self) -> None:
         if self.workers not in ("thread", "process"):
             raise ValueError(f"workers must be thread or process, got {self.workers!r}")
-        if self.server not in ("thread", "process"):
-            raise ValueError(f"server must be thread or process, got {self.server!r}")
+        if self.server not in ("thread", "process", "inline"):
+            raise ValueError(f"server must be thread, process or inline, got {self.server!r}")
         if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits) < 1:
             raise ValueError("num_envs, envs_per_worker, chunk_len and splits must be >= 1")
         if self.chunks_per_worker is not None and self.chunks_per_worker < 1:

@@ -79,7 +79,7 @@ class WorkerRestarts:
         affinity = [list(a) for a in c.graph.worker_affinity] if c.graph.worker_affinity else None
         c.workers.launch(
             WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), c._splits[w], first_step, c.skip_non_finite),
-            c.env_factory, [c._slots.client(ch.slot) for ch in c._channels[w]], c._pool.writer(w), control,
+            c.env_factory, c._worker_channels(w), c._pool.writer(w), control,
             int(c.interaction_mode), c.layout.response_keys, affinity,
         )
         return ids

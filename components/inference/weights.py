@@ -59,7 +59,8 @@ class SharedWeights:
 
     def __init__(self, template: Mapping[str, torch.Tensor], ctx: Any) -> None:
         fields = [FieldSpec("w." + k, tuple(v.shape), _numpy_dtype(v.dtype)) for k, v in template.items()]
-        fields += [FieldSpec("seq", (1,), "int64"), FieldSpec("version", (1,), "int64")]
+        fields += [FieldSpec("seq", (1,), "int64"), FieldSpec("version", (1,), "int64"),
+                   FieldSpec("writing", (1,), "int64")]
         self._arena = SharedArena(fields)
         self._keys = list(template.keys())
         self._lock = ctx.Lock()
@@ -68,6 +69,7 @@ class SharedWeights:
     def _bind(self) -> None:
         self._seq = self._arena.array("seq")
         self._version = self._arena.array("version")
+        self._writing = self._arena.array("writing")
         self._tensors: dict[str, torch.Tensor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -100,11 +102,13 @@ class SharedWeights:
             raise KeyError(f"weights lack {sorted(missing)}")
         _acquire(self._lock)
         try:
+            self._writing[0] = 1  # lock-free readers (read_into) retry while this is set
             with torch.no_grad():
                 for key, view in views.items():
                     view.copy_(weights[key].detach().to("cpu"))
             self._version[0] = int(version)
             self._seq[0] += 1
+            self._writing[0] = 0
             return int(self._seq[0])
         finally:
             self._lock.release()
@@ -132,6 +136,36 @@ class SharedWeights:
             for key, view in views.items():
                 own[key].copy_(view, non_blocking=True)
             return int(self._version[0]), int(self._seq[0])
+
+
+    def read_into(self, model: torch.nn.Module, give_up_s: float = 0.05) -> tuple[int, int] | None:
+        """Like :meth:`copy_into`, without the lock; None when no clean copy could be taken in ``give_up_s``.
+
+        For readers that may be killed at any instant (env workers with the
+        policy inline): a reader killed inside :meth:`copy_into` would hold
+        the lock forever and stop every other reader and the trainer. Here
+        the reader copies, then checks that no publish began or ended
+        meanwhile (the ``writing`` flag and the publish count), and copies
+        again if one did; the caller keeps its weights and tries at its
+        next step when a publisher holds the arena longer than ``give_up_s``.
+        """
+        import time
+
+        views = self._views()
+        deadline = time.monotonic() + give_up_s
+        own = model.state_dict()
+        while True:
+            seq = int(self._seq[0])
+            if not self._writing[0]:
+                with torch.no_grad():
+                    for key, view in views.items():
+                        own[key].copy_(view)
+                version = int(self._version[0])
+                if not self._writing[0] and int(self._seq[0]) == seq:
+                    return version, seq
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.0002)
 
 
 class CudaSharedWeights:

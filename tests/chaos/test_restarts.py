@@ -183,3 +183,39 @@ def test_skip_non_finite_cuts_the_bad_step_out_and_counts_it(tmp_path, fault):
     assert int(cut.sum()) == 1
     row = int(cut.nonzero()[0])
     assert torch.equal(data["next"]["observation"][row], data["observation"][row]), "a cut back to what was acted on"
+
+
+def _after_gap(rows: list[tuple[int, int]]) -> set[int]:
+    """Versions of the steps past the first gap in ``(env_step, version)`` rows: the replacement's."""
+    rows = sorted(rows)
+    steps = np.array([s for s, _ in rows])
+    gaps = np.flatnonzero(np.diff(steps) > 1)
+    return {v for _, v in rows[gaps[0] + 1:]} if gaps.size else set()
+
+
+def test_a_sigkilled_worker_with_the_policy_inline_is_replaced_and_acts_with_the_latest_weights():
+    """server=inline: the replacement builds a new policy copy and reads the weights published before it started."""
+    from components.envs import GymEnvFactory
+
+    graph = GraphSpec("process", "inline", num_envs=4, envs_per_worker=2, chunk_len=2)
+    collector = _collector(graph, GymEnvFactory("CartPole-v1"), -1, max_restarts=1).start()
+    rows: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    try:
+        deadline = time.monotonic() + 30
+        for i in range(10_000):
+            if i == 3:
+                os.kill(collector.workers.pids[0], signal.SIGKILL)
+                collector.update_policy_weights_(SMALL_MLP.build(collector.env_spec), version=5)
+            if time.monotonic() > deadline or (_after_gap(rows[0]) and _after_gap(rows[1])):
+                break
+            batch = collector.next_batch()
+            for e, s, v in zip(batch["env_index"].tolist(), batch["env_step"].tolist(),
+                               batch["policy_version"].tolist()):
+                rows[e].append((s, v))
+        assert collector._restarts.count == 1
+        assert _after_gap(rows[0]) == {5} and _after_gap(rows[1]) == {5}
+        stats = collector.server_stats()
+        assert stats["policy_version"] == 5 and stats["rows_total"] > 0
+    finally:
+        collector.shutdown()
+    assert not collector.workers.any_alive()

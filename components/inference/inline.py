@@ -1,0 +1,308 @@
+"""The policy inside each env worker (``server=inline``): no other process on the hot path.
+
+A central server pays a cross-process wake-up twice per step (request,
+answer: ~25 us each on this machine) and makes every worker wait for the
+slowest batch; for a small MLP on the CPU that costs more than evaluating
+the policy where the observations already are. Here every worker holds its
+own copy of the policy (the numpy engine for the built-in MLPs, torch with
+one thread otherwise) and its action channels answer a request in the call
+that submits it.
+
+What stays as with a server: weights reach the workers through the same
+versioned shared arena (:mod:`components.inference.weights`), polled
+between two steps (one shared integer read) and copied in without its
+lock, checked against the publish counter, so a step never acts with half
+an update and a worker killed while copying blocks nobody; every response is stamped with
+the ``policy_version`` that produced it; the interaction mode travels with
+each request; and :meth:`InlineServer.stats` returns the server statistics'
+keys (:data:`~components.inference.stats.STAT_KEYS`), summed over the
+workers from a shared table each worker writes its own row of.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from components.inference.stats import STAT_KEYS
+from components.shm import FieldSpec, SharedArena
+
+#: Columns of a worker's row of the statistics table (cumulative since the run began).
+_COUNTERS = ("requests", "rows", "weight_updates", "version")
+_REQUESTS, _ROWS, _UPDATES, _VERSION = range(len(_COUNTERS))
+#: Forward durations a worker keeps for the percentiles (a ring; the newest win).
+RING = 512
+_NAN = float("nan")
+
+
+class InlineStatsTable:
+    """Per-worker counters and recent forward times in shared memory, one row per worker."""
+
+    def __init__(self, num_workers: int, version: int) -> None:
+        self._arena = SharedArena([
+            FieldSpec("counters", (num_workers, len(_COUNTERS)), "float64"),
+            FieldSpec("forward", (num_workers, RING), "float64"),
+            FieldSpec("written", (num_workers,), "int64"),
+        ])
+        self._bind()
+        self.counters[:, _VERSION] = version
+
+    def _bind(self) -> None:
+        a = self._arena
+        self.counters, self.forward, self.written = a.array("counters"), a.array("forward"), a.array("written")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_arena": self._arena}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def record(self, worker: int, rows: int, seconds: float) -> None:
+        row = self.counters[worker]
+        row[_REQUESTS] += 1
+        row[_ROWS] += rows
+        n = int(self.written[worker])
+        self.forward[worker, n % RING] = seconds
+        self.written[worker] = n + 1
+
+    def record_weights(self, worker: int, version: int) -> None:
+        row = self.counters[worker]
+        row[_UPDATES] += 1
+        row[_VERSION] = version
+
+
+class InlinePolicy:
+    """One worker's copy of the policy; built lazily where the worker runs.
+
+    Picklable before it is built (a model spec, not a model), so a worker
+    process receives the recipe and builds the copy itself; the worker's
+    channels hold the same instance, so they share one copy and one RNG.
+    """
+
+    def __init__(self, worker: int, model_spec: Any, env_spec: Any, engine: str, weights: Any,
+                 stats: InlineStatsTable, seed: int, launch: int = 0, threads: int | None = None) -> None:
+        self.worker, self.model_spec, self.env_spec, self.engine_name = worker, model_spec, env_spec, engine
+        self.weights, self.stats, self.seed, self.launch = weights, stats, seed, launch
+        #: torch threads to set where the policy is built (None: a thread worker shares the driver's setting)
+        self.threads = threads
+        self._engine: Any = None
+        self._model: Any = None
+        self._seq = 0
+        self._version = 0
+        self._versions = np.zeros(0, np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_engine"] = state["_model"] = None
+        return state
+
+    def _build(self) -> None:
+        import torch
+
+        from components.inference.serving import serving_engine
+
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)  # a worker process: many of them share few cores
+        seed = int(np.random.SeedSequence([self.seed, self.worker, self.launch]).generate_state(1)[0])
+        torch.manual_seed(seed)
+        self._model = self.model_spec.build(self.env_spec).eval()
+        self._engine = serving_engine(self._model, self.engine_name, "cpu", "cpu", seed)
+        self._version = int(self.stats.counters[self.worker, _VERSION])
+        deadline = time.monotonic() + 10.0
+        while True:  # the copy built from the spec has its own random init: never act with it
+            self.poll()
+            if self._seq:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("no published policy weights could be read within 10 s")
+
+    def poll(self) -> None:
+        """Apply weights published since the last look: called between steps, never inside one."""
+        weights = self.weights
+        if weights.seq == self._seq:
+            return
+        read = weights.read_into(self._model)
+        if read is None:
+            return  # a publish is in progress: act with the weights we have, look again next step
+        self._version, self._seq = read
+        refresh = getattr(self._engine, "refresh", None)
+        if refresh is not None:
+            refresh()
+        self.stats.record_weights(self.worker, self._version)
+
+    def act(self, observation: np.ndarray, rows: int, mode: int) -> dict[str, np.ndarray]:
+        if self._engine is None:
+            self._build()
+        else:
+            self.poll()
+        started = time.perf_counter()
+        modes = np.full(rows, mode, np.int8)
+        out = self._engine.act({"observation": observation[:rows]}, modes)
+        response = {k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()}
+        if self._versions.shape[0] < rows or (rows and self._versions[0] != self._version):
+            self._versions = np.full(max(rows, 64), self._version, np.int64)
+        response["policy_version"] = self._versions[:rows]
+        self.stats.record(self.worker, rows, time.perf_counter() - started)
+        return response
+
+
+class InlineChannel:
+    """An action channel (``request``/``submit``/``wait``) answered in ``submit`` by the worker's own policy."""
+
+    def __init__(self, policy: InlinePolicy, rows: int, observation: FieldSpec) -> None:
+        self.policy, self.rows, self.observation = policy, rows, observation
+        self.slot = None
+        self._bind()
+
+    def _bind(self) -> None:
+        f = self.observation
+        self.request = {f.name: np.zeros((self.rows, *f.shape), f.dtype)}
+        self._response: dict[str, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"policy": self.policy, "rows": self.rows, "observation": self.observation, "slot": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def submit(self, rows: int | None = None, mode: int | None = None) -> None:
+        n = self.rows if rows is None else int(rows)
+        self._response = self.policy.act(self.request[self.observation.name], n, 0 if mode is None else int(mode))
+
+    def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        if self._response is None:
+            raise RuntimeError("wait() before submit() on an inline channel")
+        response, self._response = self._response, None
+        return response
+
+
+class InlineServer:
+    """The driver's side of ``server=inline``: publishes weights, reads statistics; nothing to run.
+
+    It has the interface of :class:`~components.inference.server.InferenceServer`
+    that the collector, its monitor and the runner use, so the rest of the
+    graph does not know where the policy runs.
+    """
+
+    backend = "inline"
+    pid = None
+    error = None
+
+    def __init__(self, model_spec: Any, env_spec: Any, config: Any, num_workers: int, ctx: Any,
+                 template: Mapping[str, Any], policy_version: int = 0) -> None:
+        from components.inference.weights import SharedWeights
+
+        self.model_spec, self.env_spec, self.config = model_spec, env_spec, config
+        self._initial_version = int(policy_version)
+        self._weights = SharedWeights(template, ctx)
+        # Every worker builds its copy from the spec; the driver's initial weights make them one policy.
+        self._weights.publish(template, self._initial_version)
+        self._stats = InlineStatsTable(num_workers, self._initial_version)
+        self._engine = str(config.engine)
+        if self._engine == "auto":
+            from components.inference.serving import numpy_eligible
+
+            probe = model_spec.build(env_spec)
+            self._engine = "numpy" if numpy_eligible(probe, "cpu") is None else "torch"
+        self._threads = None if ctx is threading else int(getattr(config, "num_threads", None) or 1)
+        self._launches = [0] * num_workers
+        self._started = self._stopped = False
+        self._read_at = time.monotonic()
+        self._last = np.zeros_like(self._stats.counters)
+        self._last_written = np.zeros_like(self._stats.written)
+        self._last_stats: dict[str, float] | None = None
+
+    @property
+    def weights_channel(self) -> Any:
+        return self._weights
+
+    def channels(self, worker: int, split_sizes: tuple[int, ...], observation: FieldSpec) -> list[InlineChannel]:
+        """Worker ``worker``'s channels, one per block, sharing one (new) policy copy."""
+        policy = InlinePolicy(worker, self.model_spec, self.env_spec, self._engine, self._weights, self._stats,
+                              int(self.config.seed or 0), self._launches[worker], self._threads)
+        self._launches[worker] += 1
+        return [InlineChannel(policy, max(split_sizes), observation) for _ in split_sizes]
+
+    def start(self, timeout: float = 0.0) -> InlineServer:
+        self._started = True
+        self._read_at = time.monotonic()
+        return self
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._stopped
+
+    @property
+    def published_version(self) -> int:
+        return self._weights.version if self._weights.seq else self._initial_version
+
+    @property
+    def policy_version(self) -> int:
+        """The newest version a worker acts with now.
+
+        Each worker applies new weights at its next step, so for a moment
+        the others still stamp the previous version (every transition says
+        which); the newest is what a central server would report, and a
+        worker parked on a full chunk queue cannot hold it back.
+        """
+        return int(self._stats.counters[:, _VERSION].max())
+
+    def update_weights(self, weights: Any, version: int | None = None) -> int:
+        from components.inference.weights import state_of
+
+        label = self.published_version + 1 if version is None else int(version)
+        self._weights.publish(state_of(weights), label)
+        return label
+
+    def stats(self, reset: bool = True, timeout: float = 0.0) -> dict[str, float]:
+        """Server statistics' keys over every worker's policy since the last ``reset`` read."""
+        now = time.monotonic()
+        counters, written = self._stats.counters.copy(), self._stats.written.copy()
+        delta = counters - self._last
+        elapsed = now - self._read_at
+        forwards = []
+        for w in range(counters.shape[0]):
+            new = int(written[w] - self._last_written[w])
+            if new <= 0:
+                continue
+            end = int(written[w])
+            idx = np.arange(max(end - min(new, RING), 0), end) % RING
+            forwards.append(self._stats.forward[w, idx])
+        seconds = np.concatenate(forwards) if forwards else np.zeros(0)
+        requests, rows = float(delta[:, _REQUESTS].sum()), float(delta[:, _ROWS].sum())
+        rate = 1.0 / elapsed if elapsed > 0 else 0.0
+        p50, p95 = (np.percentile(seconds, [50, 95]) * 1e3).tolist() if seconds.size else (_NAN, _NAN)
+        out = {
+            "requests": requests, "batches": requests, "rows": rows,
+            "weight_updates": float(delta[:, _UPDATES].sum()),
+            "requests_per_s": requests * rate, "batches_per_s": requests * rate, "rows_per_s": rows * rate,
+            "interval_s": elapsed,
+            "avg_batch_size": rows / requests if requests else _NAN,
+            "avg_requests_per_batch": 1.0 if requests else _NAN,
+            # answered in the call that asked: no queue
+            "queue_latency_p50_ms": 0.0 if requests else _NAN, "queue_latency_p95_ms": 0.0 if requests else _NAN,
+            "forward_p50_ms": p50, "forward_p95_ms": p95,
+            "policy_version": float(self.policy_version),
+            "requests_total": float(counters[:, _REQUESTS].sum()), "batches_total": float(counters[:, _REQUESTS].sum()),
+            "rows_total": float(counters[:, _ROWS].sum()),
+            "weight_updates_total": float(counters[:, _UPDATES].sum()),
+        }
+        if reset:
+            self._last, self._last_written, self._read_at = counters, written, now
+        self._last_stats = out
+        return {key: out[key] for key in STAT_KEYS}
+
+    def shutdown(self, timeout: float = 0.0) -> None:
+        self._stopped = True
+
+    def __enter__(self) -> InlineServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
