@@ -7,6 +7,8 @@ episode/*), and the stopping rule (mean return over the last episodes).
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import sys
 import threading
@@ -229,10 +231,14 @@ class Checkpointer:
 def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: Reporter) -> str:
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
     collector.start()
+    sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False))
     for batch in collector:
         reporter.episodes(batch)
-        metrics = trainer.update(batch, frames=collector.frames)
-        collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
+        # sync_collection: workers park at their next step until the new weights are out, so
+        # (but for the steps they were in) the next batch is collected by the policy it trains.
+        with collector.pause() if sync else contextlib.nullcontext():
+            metrics = trainer.update(batch, frames=collector.frames)
+            collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
         if reporter.step(metrics):
             return "target_return"
     return "total_frames"

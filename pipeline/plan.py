@@ -137,12 +137,49 @@ def _frame_dedup(cfg: DictConfig, env_spec: Any) -> tuple[bool | None, str]:
     return False, f"auto -> off: {shape} {env_spec.obs_dtype} observations are not uint8 frame stacks"
 
 
-def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Plan:
+#: An env whose step waits this many times longer than it computes is "mostly waiting": thread
+#: workers would step such envs one after another, so ``transport=auto`` moves them to processes.
+WAITING_RATIO = 4.0
+
+
+def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, policy_device: str,
+                     shareable: bool) -> Any:
+    """``transport=auto`` with measured costs: the best predicted layout this config allows."""
+    from pipeline.layout import choose
+
+    if policy_device != "cpu":  # an accelerator: batching on it is the point of a central server
+        servers: tuple[str, ...] = ("process", "thread") if shareable else ("thread",)
+    else:
+        servers = ("inline", "thread", "process")
+    backend: str | None = workers
+    if workers == "thread" and costs.env_wait_s > WAITING_RATIO * costs.env_cpu_s:
+        backend = None  # mostly-waiting envs: thread workers would make each env wait for the others
+    requested = cfg.env.envs_per_worker
+    best, _ = choose(costs, num_envs, workers=backend, servers=servers,
+                     envs_per_worker=None if requested is None else min(int(requested), num_envs))
+    return best
+
+
+def _measured_reason(chosen: Any, costs: Any, num_envs: int) -> str:
+    from pipeline.layout import machine_limit
+
+    limit = machine_limit(costs, num_envs)
+    return (f"auto (measured) -> {chosen.describe(num_envs)}: predicted {chosen.predicted_fps:,.0f} frames/s "
+            f"({chosen.bound}-bound; limit {limit:,.0f}); env step {costs.env_wall_s * 1e6:,.1f} us wall / "
+            f"{costs.env_cpu_s * 1e6:,.1f} us CPU, policy {costs.infer_at(chosen.envs_per_worker) * 1e6:.2f} "
+            f"us/sample at {chosen.envs_per_worker} rows ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us")
+
+
+def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs: Any = None) -> Plan:
     """Turn ``cfg`` (already validated) into a :class:`Plan` for ``machine``.
 
     ``env_spec`` (the probed env's spec, optional) lets ``auto`` choices that
     depend on the observations (frame dedup) be made here, in the printed plan.
-    Raises :class:`ConfigError` for a graph that could never make progress.
+    ``costs`` (a :class:`pipeline.layout.Costs` probe, optional) lets
+    ``transport=auto`` choose the layout by predicted frames/s; without it
+    the rule of earlier versions applies (process workers -> a server
+    process). Raises :class:`ConfigError` for a graph that could never make
+    progress.
     """
     workers = str(cfg.workers.backend)
     transport = str(cfg.transport.kind)
@@ -159,6 +196,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
 
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     splits = int(cfg.workers.splits)
+    measured: tuple[Any, str] | None = None
+    splits_note: str | None = None
     if server == "inline":
         if policy_device != "cpu":
             policy_note = f"server=inline -> cpu: each worker runs its copy of the policy on its CPU ({policy_note})"
@@ -168,6 +207,12 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
         splits_note = "; 1 block per worker (inline answers within the call: nothing to overlap)" \
             if splits != 1 else ""
         splits = 1
+    elif transport == "auto" and costs is not None:
+        chosen = _measured_layout(cfg, costs, num_envs, workers, policy_device, shareable)
+        workers, server, splits = chosen.workers, chosen.server, chosen.splits
+        measured = (chosen, f"{chosen.envs_per_worker} envs per worker (measured)")
+        transport = "none" if server == "inline" else "slots"
+        reasons.append(("transport", _measured_reason(chosen, costs, num_envs)))
     elif transport == "auto":
         transport, why = "slots", "auto -> slots: every worker reaches the server's shared-memory slots directly"
         if workers == "process" and server != "process":
@@ -181,8 +226,17 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None) -> Pla
     else:
         reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
 
-    per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
-    if server == "inline":
+    if measured is not None:
+        per_worker = measured[0].envs_per_worker
+        count = math.ceil(num_envs / per_worker)
+        reasons.insert(0, ("workers", f"auto (measured) -> {count} {workers} worker(s) of up to {per_worker} envs, "
+                                      f"{splits} block(s) each"))
+        splits_note = None
+    else:
+        per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
+    if measured is not None:
+        pass
+    elif server == "inline":
         reasons.insert(0, ("workers", f"{why}{splits_note or f'; {splits} block(s) per worker'}"))
     else:
         reasons.insert(0, ("workers", f"{why}; {splits} block(s) per worker"))

@@ -94,6 +94,29 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
         raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
 
 
+def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:
+    """What ``transport=auto`` chooses the layout from (:mod:`pipeline.layout`), probed in a few hundred ms.
+
+    None when nothing is left to choose (``server=inline`` or ``transport=slots``)
+    or the probe fails: the plan then falls back to its rule and says so.
+    """
+    if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline":
+        return None
+    from pipeline.layout import probe_for_config
+    from pipeline.plan import _device, _serving_engine
+
+    policy_device, _ = _device(str(cfg.device.policy_device), machine)
+    engine, _ = _serving_engine(cfg, policy_device)
+    try:
+        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine)
+    except (ValueError, KeyError, TypeError):
+        return None  # a model this env cannot have: the learner's build says so in one line, next
+    except Exception as err:  # noqa: BLE001 - the rule still gives a working layout
+        print(f"warning: the layout probe failed ({type(err).__name__}: {err}); transport=auto falls back to its "
+              "rule", file=sys.stderr, flush=True)
+        return None
+
+
 def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec, Trainer]:
     """The model spec (what the server rebuilds) and the trainer owning the learner's copy.
 
@@ -183,7 +206,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
         hook = post_collect_hook(cfg)
         env_factory, env_spec = build_env(cfg)
-        plan = resolve_plan(cfg, machine, env_spec)
+        plan = resolve_plan(cfg, machine, env_spec, layout_costs(cfg, env_factory, env_spec, machine))
         if preset:
             plan = replace(plan, reasons=(*plan.reasons, ("preset", preset)))
         check_budgets(cfg, plan, env_spec, run_dir)

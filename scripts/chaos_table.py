@@ -29,10 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {
-    "thread/thread": ["workers=thread", "server=thread"],
-    "process/thread": ["workers=process", "server=thread"],
-    "thread/process": ["workers=thread", "server=process"],
-    "process/process": ["workers=process", "server=process"],
+    "thread/thread": ["workers=thread", "server=thread", "transport=slots"],
+    "process/thread": ["workers=process", "server=thread", "transport=slots"],
+    "thread/process": ["workers=thread", "server=process", "transport=slots"],
+    "process/process": ["workers=process", "server=process", "transport=slots"],
 }
 BASE = ["env.num_envs=8", "env.envs_per_worker=2", "trainer.target_return=null", "logger=jsonl",
         "logger.interval=0.5", "progress=false", "checkpoint.interval=2"]

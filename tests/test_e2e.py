@@ -37,7 +37,7 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
          f"hydra.run.dir={run_dir}"], cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "transport auto -> slots: every worker reaches the server" in result.stdout
+    assert "transport auto (measured) -> " in result.stdout and " predicted " in result.stdout
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 3000 and summary["stop_reason"] == "total_frames"
     last = rows[-1]
@@ -120,12 +120,12 @@ def test_atari_runs_with_batched_inference(tmp_path):
     pytest.importorskip("ale_py")
     run_dir = tmp_path / "pong"
     result = run_pipeline(
-        ["env=atari", "transport=auto", "trainer.total_frames=1536", "trainer.frames_per_batch=512",
+        ["env=atari", "transport=slots", "server=process", "trainer.total_frames=1536", "trainer.frames_per_batch=512",
          "env.num_envs=8", "env.envs_per_worker=2", "logger=jsonl", "logger.interval=1", "progress=false",
          f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "auto -> slots" in result.stdout
+    assert "transport slots: every worker" in result.stdout
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 1536
     assert max(r.get("server/avg_batch_size", 0) for r in rows) > 1
@@ -170,7 +170,7 @@ def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
 
 
 def test_sigkill_of_the_runner_leaves_no_orphan_processes(tmp_path):
-    proc = _start(["workers=process", "server=process", "logger=jsonl"], tmp_path / "killed")
+    proc = _start(["workers=process", "server=process", "transport=slots", "logger=jsonl"], tmp_path / "killed")
     _wait_for_training(proc)
     children = [pid for pid in group_alive(proc.pid) if pid != proc.pid]
     assert len(children) >= 3, "worker and server processes are running"

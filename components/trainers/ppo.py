@@ -56,6 +56,9 @@ class PPOConfig(RunBudget):
     adam_eps: float = 1e-5
     #: divide rewards by the running std of discounted returns (gymnasium's NormalizeReward)
     reward_scale: bool = False
+    #: pause collection during each update, so the next batch is collected by the weights it trains
+    #: (policy lag ~0, as in CleanRL's synchronous loop) instead of by the previous ones (lag 1)
+    sync_collection: bool = False
 
 
 def gae(

@@ -5,7 +5,9 @@ Every contender collects from the same env factory with the same policy
 warm-up that is not timed, then counts frames for ``seconds``:
 
 * ``ours:<workers>/<transport>/<server>/<chunking>``: this project's collector;
-  the consumer only takes batches (no training).
+  the consumer only takes batches (no training). ``ours:auto`` runs the
+  layout ``transport=auto`` picks for the workload (probed and predicted
+  in the trial, see :mod:`pipeline.layout`).
 * ``gym_sync`` / ``gym_async``: a gymnasium ``SyncVectorEnv`` /
   ``AsyncVectorEnv(shared_memory=True)`` loop, one batched forward per step.
 * ``torchrl_auto`` / ``torchrl_driver``: TorchRL's ``AsyncBatchedCollector``
@@ -51,11 +53,13 @@ def _timed(step: Callable[[], int], warmup: float, seconds: float) -> tuple[int,
 
 
 _OPTIONS = {"epw": "envs_per_worker", "splits": "splits", "minb": "server_min_batch_size",
-            "timeout": "server_timeout", "threads": "server_threads", "nice": "nice"}
+            "timeout": "server_timeout", "threads": "server_threads", "nice": "nice", "graph": "static_batch_size"}
 
 
 def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """``ours:w/t/s/chunking[@epw=4,splits=2,minb=8,timeout=0.001,threads=2]``.
+    """``ours:w/t/s/chunking[@epw=4,splits=2,minb=8,timeout=0.001,threads=2,graph=16]``.
+
+    ``graph=N`` (CUDA) pads batches to N rows and replays a captured CUDA graph.
 
     The optional ``@`` part overrides workload settings for this contender
     only, so variants can be compared within one alternating run.
@@ -68,6 +72,38 @@ def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str
     return body.split("/"), settings
 
 
+def chunk_len_for(workers: str, per_worker: int, num_envs: int, frames_per_batch: int, chunking: str = "auto") -> int:
+    """The plan's chunking=auto rule (and ``step``)."""
+    from pipeline.plan import AUTO_MIN_TRANSITIONS
+
+    if chunking == "step" or workers == "thread":
+        return 1
+    return min(max(math.ceil(AUTO_MIN_TRANSITIONS / per_worker), frames_per_batch // num_envs),
+               max(1, frames_per_batch // per_worker))
+
+
+def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> tuple[Any, Any, Any]:
+    """``ours:auto``: the layout ``transport=auto`` picks for this workload, by measurement.
+
+    Returns (GraphSpec, the chosen :class:`~pipeline.layout.Layout` with its
+    prediction, the measured :class:`~pipeline.layout.Costs`).
+    """
+    from components.collector.graph import GraphSpec
+    from components.envs import probe_env_spec
+    from pipeline.layout import choose, measure
+
+    factory = _factory(workload)
+    spec = probe_env_spec(factory)
+    device = str(workload.get("device", "cpu"))
+    costs = measure(factory, _engine(workload, spec, device), spec, CPUS)
+    servers = ("inline", "thread", "process") if device == "cpu" else ("process", "thread")
+    layout, _ = choose(costs, num_envs, servers=servers)
+    graph = GraphSpec(layout.workers, layout.server, num_envs=num_envs, envs_per_worker=layout.envs_per_worker,
+                      chunk_len=chunk_len_for(layout.workers, layout.envs_per_worker, num_envs, frames_per_batch),
+                      splits=layout.splits)
+    return graph, layout, costs
+
+
 def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
     """``ours:workers/slots/server/chunking`` -> a GraphSpec (the plan's rules for auto).
 
@@ -75,20 +111,14 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     the driver relay of earlier versions lost to it in every layout measured).
     """
     from components.collector.graph import GraphSpec
-    from pipeline.plan import AUTO_MIN_TRANSITIONS
-
     from pipeline.plan import auto_envs_per_worker
 
     (workers, transport, server, chunking), workload = parse_ours(name, workload)
-    if transport != "slots":
-        raise ValueError(f"{name}: the transport part must be 'slots' (got {transport!r})")
-    per_worker, _ = auto_envs_per_worker(workload.get("envs_per_worker"), num_envs, workers, CPUS)
-    splits = workload.get("splits") or (2 if workers == "process" else 1)
-    if chunking == "step" or workers == "thread":
-        chunk_len = 1
-    else:
-        chunk_len = min(max(math.ceil(AUTO_MIN_TRANSITIONS / per_worker), frames_per_batch // num_envs),
-                        max(1, frames_per_batch // per_worker))
+    if transport not in ("slots", "none"):
+        raise ValueError(f"{name}: the transport part must be 'slots' or 'none' (server inline; got {transport!r})")
+    per_worker, _ = auto_envs_per_worker(workload.get("envs_per_worker"), num_envs, workers, CPUS, server)
+    splits = 1 if server == "inline" else workload.get("splits") or (2 if workers == "process" else 1)
+    chunk_len = chunk_len_for(workers, per_worker, num_envs, frames_per_batch, chunking)
     nice = workload.get("nice")
     nice = 0 if nice is None else int(nice)
     return GraphSpec(workers, server, num_envs=num_envs, envs_per_worker=per_worker,
@@ -100,14 +130,24 @@ def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float,
     from components.inference.loop import ServerConfig
 
     frames_per_batch = int(workload["frames_per_batch"])
-    graph = ours_graph(name, workload, num_envs, frames_per_batch)
-    _, workload = parse_ours(name, workload)
+    choice: dict[str, Any] = {}
+    if name == "ours:auto":
+        graph, layout, costs = auto_graph(workload, num_envs, frames_per_batch)
+        choice = {"choice": layout.describe(num_envs), "predicted_fps": layout.predicted_fps,
+                  "costs": costs.as_dict()}
+    else:
+        graph = ours_graph(name, workload, num_envs, frames_per_batch)
+        _, workload = parse_ours(name, workload)
+    device = str(workload.get("device", "cpu"))
+    static = workload.get("static_batch_size")
     server = ServerConfig(
         max_batch_size=max(num_envs, 1),
         min_batch_size=min(int(workload.get("server_min_batch_size", 1)), num_envs),
         timeout=float(workload.get("server_timeout", 0.002)),
         num_threads=int(workload.get("server_threads", 1)),
         seed=0,
+        device="cpu" if graph.server == "inline" else device,
+        static_batch_size=int(static) if static and device.startswith("cuda") else None,
     )
     collector = AsyncBatchedCollector(_factory(workload), _model_spec(workload), graph,
                                       frames_per_batch=frames_per_batch, total_frames=-1, seed=0,
@@ -127,18 +167,18 @@ def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float,
     finally:
         collector.shutdown()
     return {
-        "frames": frames, "seconds": elapsed, "graph": graph.__dict__,
+        "frames": frames, "seconds": elapsed, "graph": graph.__dict__, **choice,
         "server_avg_batch_size": stats.get("avg_batch_size"), "server_forward_p50_ms": stats.get("forward_p50_ms"),
         "worker_env_frac": workers.get("env_frac"), "worker_infer_wait_frac": workers.get("infer_wait_frac"),
         "worker_chunk_wait_frac": workers.get("chunk_wait_frac"),
     }
 
 
-def _engine(workload: dict[str, Any], env_spec: Any) -> Any:
+def _engine(workload: dict[str, Any], env_spec: Any, device: str = "cpu") -> Any:
     from components.inference.serving import serving_engine
 
-    model = _model_spec(workload).build(env_spec).eval()
-    return serving_engine(model, "auto", "cpu", seed=0)
+    model = _model_spec(workload).build(env_spec).to(device).eval()
+    return serving_engine(model, "auto", device, seed=0)
 
 
 def _actions(engine: Any, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:
@@ -243,44 +283,17 @@ def _run_torchrl(kind: str, workload: dict[str, Any], num_envs: int, warmup: flo
     return {"frames": frames, "seconds": elapsed, "server_backend": backend}
 
 
-def measure_limit(workload: dict[str, Any], batch_sizes: list[int], steps: int) -> dict[str, Any]:
-    """Single-env step time and per-sample inference time at several batch sizes."""
+def measure_limit(workload: dict[str, Any], num_envs: int) -> dict[str, Any]:
+    """The costs the limit and the layout predictions are computed from (:func:`pipeline.layout.measure`)."""
     from components.envs import probe_env_spec
+    from pipeline.layout import measure
 
     factory = _factory(workload)
-    env = factory()
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        # Actions drawn up front (as python scalars, like the workers pass):
-        # sampling the space inside the timed loop would add its own cost.
-        actions = [env.action_space.sample() for _ in range(steps + 10)]
-        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
-        for action in actions[:10]:
-            env.step(action)
-        start = time.perf_counter()
-        for action in actions[10:]:
-            _, _, term, trunc, _ = env.step(action)
-            if term or trunc:
-                env.reset()
-        env_step = (time.perf_counter() - start) / steps
-    finally:
-        env.close()
     spec = probe_env_spec(factory)
-    engine = _engine(workload, spec)
-    per_sample = {}
-    for b in batch_sizes:
-        obs = np.zeros((b, *spec.obs_shape), spec.obs_dtype)
-        modes = np.zeros(b, np.int8)
-        for _ in range(5):
-            engine.act({"observation": obs}, modes)
-        reps = max(5, int(0.3 / max(1e-6, 1e-5 * b)))
-        reps = min(reps, 2000)
-        start = time.perf_counter()
-        for _ in range(reps):
-            engine.act({"observation": obs}, modes)
-        per_sample[b] = (time.perf_counter() - start) / reps / b
-    return {"env_step_s": env_step, "inference_per_sample_s": per_sample, "cpus": CPUS, "engine": engine.name}
+    engine = _engine(workload, spec, str(workload.get("device", "cpu")))
+    costs = measure(factory, engine, spec, CPUS, budget_s=1.0)
+    return {"costs": costs.as_dict(), "env_step_s": costs.env_wall_s, "env_cpu_s": costs.env_cpu_s,
+            "inference_per_sample_s": costs.infer_s, "cpus": CPUS, "engine": engine.name}
 
 
 def trial_main(spec: dict[str, Any], conn: Any) -> None:
@@ -291,7 +304,7 @@ def trial_main(spec: dict[str, Any], conn: Any) -> None:
     try:
         name, workload = spec["contender"], spec["workload"]
         if name == "limit":
-            result = measure_limit(workload, spec["batch_sizes"], spec["steps"])
+            result = measure_limit(workload, spec["num_envs"])
         elif name.startswith("ours:"):
             result = _run_ours(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
         elif name.startswith("gym_"):

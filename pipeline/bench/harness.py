@@ -21,8 +21,11 @@ from typing import Any
 from pipeline.bench.contenders import CPUS, trial_main
 
 OURS = [
+    "ours:auto",
+    "ours:thread/none/inline/auto",
     "ours:thread/slots/thread/auto",
     "ours:thread/slots/process/auto",
+    "ours:process/none/inline/auto",
     "ours:process/slots/thread/auto",
     "ours:process/slots/thread/step",
     "ours:process/slots/process/auto",
@@ -30,6 +33,40 @@ OURS = [
 ]
 BASELINES = ["gym_sync", "gym_async"]
 TORCHRL = ["torchrl_auto", "torchrl_driver"]
+#: ``contenders: default``: what ``transport=auto`` picks, the central-server and inline layouts, the
+#: baselines, and TorchRL where it starts in reasonable time (one process per env).
+DEFAULT = ["ours:auto", "ours:process/slots/process/auto", "ours:process/none/inline/auto", "gym_sync", "gym_async"]
+DEFAULT_TORCHRL_MAX_ENVS = 16
+
+
+def resolve_contenders(cfg: dict[str, Any]) -> list[str]:
+    """``all`` (the full matrix), ``default`` (about five minutes), or an explicit list."""
+    chosen = cfg["contenders"]
+    if chosen == "all":
+        return OURS + BASELINES + TORCHRL
+    if chosen == "default":
+        extra = ["torchrl_auto"] if int(cfg["num_envs"]) <= DEFAULT_TORCHRL_MAX_ENVS else []
+        return DEFAULT + extra
+    return list(chosen)
+
+
+def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, Any], num_envs: int,
+                  costs: Any) -> float | None:
+    """The layout model's frames/s for one of our contenders (None for the others)."""
+    from pipeline.bench.contenders import ours_graph
+    from pipeline.layout import Layout, predict
+
+    if not contender.startswith("ours:"):
+        return None
+    if contender == "ours:auto":
+        graph = result.get("graph")
+        if not graph:
+            return None
+        layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"])
+    else:
+        g = ours_graph(contender, workload, num_envs, int(workload["frames_per_batch"]))
+        layout = Layout(g.workers, g.server, g.envs_per_worker, g.splits)
+    return predict(layout, costs, num_envs).predicted_fps
 
 
 def torchrl_available() -> bool:
@@ -61,20 +98,6 @@ def _fps(result: dict[str, Any]) -> float | None:
     if not result.get("ok") or not result.get("seconds"):
         return None
     return result["frames"] / result["seconds"]
-
-
-def _interpolate(per_sample: dict[Any, float], batch: float) -> float:
-    """Per-sample inference time at ``batch`` rows, interpolated in log(batch)."""
-    import math
-
-    points = sorted((int(b), t) for b, t in per_sample.items())
-    if batch <= points[0][0]:
-        return points[0][1]
-    for (b0, t0), (b1, t1) in zip(points, points[1:]):
-        if batch <= b1:
-            w = (math.log(batch) - math.log(b0)) / (math.log(b1) - math.log(b0))
-            return t0 + w * (t1 - t0)
-    return points[-1][1]
 
 
 def machine() -> dict[str, Any]:
@@ -119,8 +142,12 @@ def trial_plan(cfg: dict[str, Any], contenders: list[str]) -> tuple[list[tuple[s
 
 def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str, Any]:
     """Run the benchmark ``cfg`` describes; returns (and writes) the report."""
-    workload = cfg["workload"]
-    contenders = list(cfg["contenders"]) if cfg["contenders"] != "all" else OURS + BASELINES + TORCHRL
+    import time
+
+    from pipeline.layout import Costs, machine_limit
+
+    workload = {**cfg["workload"], "device": str(cfg.get("device", "cpu"))}
+    contenders = resolve_contenders(cfg)
     notes = []
     if not torchrl_available():
         skipped = [c for c in contenders if c.startswith("torchrl_")]
@@ -130,7 +157,21 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
     main_envs = int(cfg["num_envs"])
     plan, plan_notes = trial_plan(cfg, contenders)
     notes += plan_notes
+    # The costs first: the limit and every prediction come from them.
+    limit = run_trial({"contender": "limit", "workload": workload, "num_envs": main_envs},
+                      float(cfg["trial_timeout"]))
+    costs = Costs.from_dict(limit["costs"]) if limit.get("ok") else None
+    if costs is not None:
+        c = costs
+        log(f"costs: env step {c.env_wall_s * 1e6:,.1f} us wall / {c.env_cpu_s * 1e6:,.1f} us CPU, policy "
+            f"{c.infer_at(1) * 1e6:.1f} us/sample at 1 row, {c.infer_at(main_envs) * 1e6:.2f} at {main_envs} "
+            f"({c.engine}), worker loop {c.loop_step_s * 1e6:.1f} us + {c.loop_env_s * 1e6:.2f} us/env, "
+            f"wake-up {c.hop_s * 1e6:.1f} us")
+    else:
+        log(f"costs: FAILED: {limit.get('error')}")
     trials: list[dict[str, Any]] = []
+    started = time.monotonic()
+    total = len(plan) * int(cfg["repeats"])
     for repeat in range(int(cfg["repeats"])):
         order = plan if repeat % 2 == 0 else list(reversed(plan))
         for contender, num_envs in order:
@@ -140,7 +181,10 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
             fps = _fps(result)
             trials.append({"contender": contender, "num_envs": num_envs, "repeat": repeat, "fps": fps, **result})
             shown = f"{fps:12,.0f} fps" if fps is not None else f"FAILED: {result.get('error')}"
-            log(f"  [{repeat + 1}/{cfg['repeats']}] {contender:36s} envs={num_envs:<4d} {shown}")
+            if result.get("choice"):
+                shown += f"  (auto: {result['choice']}; predicted {result['predicted_fps']:,.0f})"
+            log(f"  [{len(trials)}/{total}, {time.monotonic() - started:4.0f} s] repeat {repeat + 1}/{cfg['repeats']} "
+                f"{contender:36s} envs={num_envs:<4d} {shown}")
 
     summary: dict[str, dict[int, dict[str, Any]]] = {}
     for contender, num_envs in plan:
@@ -155,21 +199,25 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
                     entry[key] = statistics.median(got)
         else:
             entry["error"] = runs[-1].get("error") if runs else "not run"
+        ok_runs = [t for t in runs if t["fps"] is not None]
+        if costs is not None and ok_runs:
+            entry["predicted"] = predicted_fps(contender, ok_runs[-1], workload, num_envs, costs)
+        choices = [t["choice"] for t in runs if t.get("choice")]
+        if choices:
+            entry["choice"] = choices[-1]
         summary.setdefault(contender, {})[num_envs] = entry
 
-    # The machine limit at the batch size our best contender was served with.
+    # The machine limit: every CPU busy with env CPU time and inference at the largest batch
+    # the envs allow, or every env always stepping (an env that waits is bounded by its wall time).
     best_ours = max((c for c in contenders if c.startswith("ours:") and summary[c][main_envs].get("median")),
                     key=lambda c: summary[c][main_envs]["median"], default=None)
-    served = summary[best_ours][main_envs].get("server_avg_batch_size") if best_ours else None
-    limit_spec = {"contender": "limit", "workload": workload, "steps": int(workload.get("limit_steps", 2000)),
-                  "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}
-    limit = run_trial(limit_spec, float(cfg["trial_timeout"]))
-    if limit.get("ok"):
-        batch = served or main_envs
-        per_sample = _interpolate(limit["inference_per_sample_s"], batch)
+    if costs is not None:
+        batch = min(main_envs, 256)
         limit["served_batch_size"] = batch
-        limit["fps"] = limit["cpus"] / (limit["env_step_s"] + per_sample)
-        limit["per_sample_at_served_s"] = per_sample
+        limit["per_sample_at_served_s"] = costs.infer_at(batch)
+        limit["fps"] = machine_limit(costs, main_envs, batch)
+        limit["cpu_bound_fps"] = costs.cpus / (costs.env_cpu_s + costs.infer_at(batch))
+        limit["wait_bound_fps"] = main_envs / costs.env_wall_s
 
     report = {
         "created": dt.datetime.now().isoformat(timespec="seconds"),
@@ -200,9 +248,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"workload {report['workload'].get('name')}: {main} envs; {m['cpu']} ({m['cpus']} CPUs), "
         f"python {m['python']}, torch {m['torch']}",
         "",
-        "| contender | frames/s (median) | min..max | " + " | ".join(f"x {n}" for n, _ in references)
+        "| contender | frames/s (median) | min..max | predicted | " + " | ".join(f"x {n}" for n, _ in references)
         + (" | % of limit |" if limit else " |"),
-        "|---|---:|---|" + "---:|" * len(references) + ("---:|" if limit else ""),
+        "|---|---:|---|---:|" + "---:|" * len(references) + ("---:|" if limit else ""),
     ]
     for name, by_n in summary.items():
         entry = by_n.get(main)
@@ -212,15 +260,19 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | failed: {entry.get('error', '?')} |")
             continue
         value = entry["median"]
-        row = f"| {name} | {value:,.0f} | {entry['min']:,.0f}..{entry['max']:,.0f} | "
+        predicted = f"{entry['predicted']:,.0f}" if entry.get("predicted") else "-"
+        label = f"{name} ({entry['choice']})" if entry.get("choice") else name
+        row = f"| {label} | {value:,.0f} | {entry['min']:,.0f}..{entry['max']:,.0f} | {predicted} | "
         row += " | ".join(f"{value / ref:.2f}" for _, ref in references)
         row += f" | {100 * value / limit:.0f}% |" if limit else " |"
         lines.append(row)
     if limit:
         lim = report["limit"]
-        lines += ["", f"machine limit {limit:,.0f} frames/s = {lim['cpus']} CPUs / ({lim['env_step_s'] * 1e6:.1f} us "
-                      f"env step + {lim['per_sample_at_served_s'] * 1e6:.2f} us inference per sample at the served "
-                      f"batch of {lim['served_batch_size']:.1f}, {lim['engine']} engine)"]
+        lines += ["", f"machine limit {limit:,.0f} frames/s = min({lim['cpus']} CPUs / ({lim['env_cpu_s'] * 1e6:.1f} us "
+                      f"env step CPU + {lim['per_sample_at_served_s'] * 1e6:.2f} us inference per sample at "
+                      f"{lim['served_batch_size']} rows, {lim['engine']} engine) = {lim['cpu_bound_fps']:,.0f}, "
+                      f"{report['num_envs']} envs / {lim['env_step_s'] * 1e6:,.1f} us step wall time = "
+                      f"{lim['wait_bound_fps']:,.0f})"]
     sweep = {n for by_n in summary.values() for n in by_n if n != main}
     if sweep:
         lines += ["", "best over env counts " + ", ".join(sorted({main, *sweep}, key=int)) + ":"]

@@ -172,7 +172,7 @@ def test_a_run_killed_with_sigkill_resumes_to_its_budget_with_one_curve(tmp_path
 @pytest.mark.parametrize("when", ["during start-up", "while training"])
 def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm_after_the_next_run(tmp_path, when):
     before = set(os.listdir("/dev/shm"))
-    proc = _start(["workers=process", "server=process", f"workers.max_restarts={0 if when == 'while training' else 3}",
+    proc = _start(["workers=process", "server=process", "transport=slots", f"workers.max_restarts={0 if when == 'while training' else 3}",
                    f"server.max_restarts={0 if when == 'while training' else 1}",
                    "trainer.target_return=null", "logger=jsonl",
                    "logger.interval=0.5", "progress=false", f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
@@ -216,7 +216,7 @@ def _server_pid(runner: int, timeout: float = 120.0) -> int:
 @pytest.mark.parametrize("max_restarts", [1, 0])
 def test_a_sigkilled_server_process_is_restarted_once_then_fails_the_run(tmp_path, max_restarts):
     run_dir = tmp_path / "server"
-    proc = _start(["server=process", f"server.max_restarts={max_restarts}", "trainer.total_frames=20000",
+    proc = _start(["server=process", "transport=slots", f"server.max_restarts={max_restarts}", "trainer.total_frames=20000",
                    "trainer.target_return=null", "logger=jsonl", "logger.interval=0.5", "progress=false",
                    f"hydra.run.dir={run_dir}"], tmp_path)
     try:

@@ -1,0 +1,394 @@
+"""Choosing the collector layout by measurement: probe the costs, predict each layout, take the best.
+
+``transport=auto`` used to pick a layout by rule (process workers -> a
+server process, one CPU left for it). A rule cannot know whether the
+policy costs more than a cross-process hop, or whether an env's step is
+mostly CPU or mostly waiting. So the plan measures, in a few hundred
+milliseconds, what decides it:
+
+* one env step's wall time and the CPU time of the thread that stepped it
+  (an env behind a socket or a renderer waits: wall >> CPU);
+* the policy's cost per sample at a few batch sizes, with the engine the
+  plan chose (numpy or torch);
+* the worker loop's own cost per step and per env (a block of do-nothing
+  envs stepped through :class:`~components.collector.env_block.EnvBlock`);
+* this machine's cross-process wake-up: a ping-pong between two processes
+  on the semaphores the slot transport uses.
+
+:func:`predict` turns them into frames/s for each candidate (every CPU
+layout: thread or process workers, a central server in a thread or a
+process, or the policy inline; envs per worker), :func:`choose` takes the
+best, and the plan prints the prediction next to the choice.
+``python -m pipeline.bench`` reports predicted against measured, which
+keeps the model honest. The model is deliberately simple (steady state, no
+trainer): its job is to rank layouts, not to forecast to the percent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Batch sizes the policy is timed at (per-sample cost is interpolated in log(batch) between them).
+BATCHES = (1, 4, 16, 64, 256)
+#: Inline worker processes per CPU at most: each imports torch for its policy copy (~1 s of CPU to
+#: start, ~190 MB resident), which a worker stepping envs for a central server never does.
+INLINE_PROCESSES_PER_CPU = 2
+#: A cross-process wake-up where none can be measured (seconds; ~3-25 us on the machines measured).
+DEFAULT_HOP_S = 25e-6
+#: The most worker processes a layout may have: each is a Python interpreter with its own memory.
+MAX_PROCESSES = 64
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one probe measured (seconds)."""
+
+    env_wall_s: float
+    env_cpu_s: float
+    infer_s: dict[int, float]
+    #: the worker loop's cost per step of a block (fixed part) and per env in it
+    loop_step_s: float
+    loop_env_s: float
+    #: one cross-process wake-up (a semaphore released in one process, acquired in another)
+    hop_s: float
+    engine: str = "numpy"
+    cpus: int = 1
+
+    @property
+    def env_wait_s(self) -> float:
+        """The part of an env step spent waiting (not on this CPU)."""
+        return max(0.0, self.env_wall_s - self.env_cpu_s)
+
+    def infer_at(self, batch: float) -> float:
+        """Per-sample policy cost at ``batch`` rows (log-interpolated; flat beyond the ends)."""
+        points = sorted(self.infer_s.items())
+        if batch <= points[0][0]:
+            return points[0][1]
+        for (b0, t0), (b1, t1) in zip(points, points[1:]):
+            if batch <= b1:
+                w = (math.log(batch) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return t0 + w * (t1 - t0)
+        return points[-1][1]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Costs:
+        """Inverse of :meth:`as_dict` (benchmark reports)."""
+        return cls(d["env_wall_us"] / 1e6, d["env_cpu_us"] / 1e6,
+                   {int(b): t / 1e6 for b, t in d["infer_us_per_sample"].items()}, d["loop_step_us"] / 1e6,
+                   d["loop_env_us"] / 1e6, d["hop_us"] / 1e6, d.get("engine", "numpy"), int(d.get("cpus", 1)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"env_wall_us": self.env_wall_s * 1e6, "env_cpu_us": self.env_cpu_s * 1e6,
+                "infer_us_per_sample": {b: t * 1e6 for b, t in self.infer_s.items()},
+                "loop_step_us": self.loop_step_s * 1e6, "loop_env_us": self.loop_env_s * 1e6,
+                "hop_us": self.hop_s * 1e6, "engine": self.engine, "cpus": self.cpus}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: where envs and policy run, how envs are grouped, and its predicted frames/s."""
+
+    workers: str
+    server: str
+    envs_per_worker: int
+    splits: int = 1
+    predicted_fps: float = 0.0
+    #: what bounds the prediction: "workers" (their own rounds: env waits, answers), "cpu", "server", "gil"
+    bound: str = ""
+    detail: dict[str, float] = field(default_factory=dict, compare=False)
+
+    def describe(self, num_envs: int) -> str:
+        count = math.ceil(num_envs / self.envs_per_worker)
+        where = {"inline": "the policy inline in each worker", "process": "a server process",
+                 "thread": "a server thread"}[self.server]
+        blocks = f", {self.splits} blocks each" if self.splits > 1 else ""
+        return f"{count} {self.workers} worker(s) of {self.envs_per_worker} envs{blocks}, {where}"
+
+
+def machine_limit(costs: Costs, num_envs: int, batch: float | None = None) -> float:
+    """Frames/s no layout can beat: every CPU busy with env CPU time and inference, or every env always stepping.
+
+    ``min(cpus / (step CPU + inference per sample), num_envs / step wall time)``:
+    the first bound is what the CPUs can do, the second what the envs can do
+    when none ever waits for another (a mostly-waiting env is bounded by
+    its own wall time, however many CPUs are idle).
+    """
+    per_sample = costs.infer_at(batch or num_envs)
+    return min(costs.cpus / (costs.env_cpu_s + per_sample), num_envs / costs.env_wall_s)
+
+
+def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
+    """``layout`` with its predicted steady-state frames/s (collection only, no trainer).
+
+    Per round of a worker (every block stepped once), with ``n`` envs per
+    block: the worker's CPU is ``n * env CPU + loop(n)``, its wall time adds
+    the env waits and, with a central server, the answer's round trip.
+    Frames/s is the smallest of: what each worker's rounds allow, what the
+    CPUs allow (all busy parts over the cores), and what the server allows.
+    Thread workers and a thread server share one interpreter (the GIL): all
+    their CPU is serial.
+    """
+    c = costs
+    n_workers = math.ceil(num_envs / layout.envs_per_worker)
+    block = layout.envs_per_worker / layout.splits
+    loop = c.loop_step_s + c.loop_env_s * block
+    env_cpu = block * c.env_cpu_s
+    env_wall = block * c.env_wall_s
+    if layout.server == "inline":
+        infer = block * c.infer_at(block)
+        worker_cpu = env_cpu + loop + infer
+        worker_wall = env_wall + loop + infer
+        server_cpu_per_frame = 0.0
+        hops_per_block = 0.0
+    else:
+        batch = min(num_envs, 256) if layout.server == "process" else min(num_envs, 256)
+        server_cpu_per_frame = c.infer_at(batch) + 2 * c.hop_s / block  # gather/scatter and the wake-ups
+        hops_per_block = 2.0
+        worker_cpu = env_cpu + loop + hops_per_block * c.hop_s
+        # With splits, one block steps while the other's answer is computed: the wait overlaps.
+        answer = 2 * c.hop_s + block * c.infer_at(batch)
+        worker_wall = env_wall + loop + (answer if layout.splits == 1 else max(0.0, answer - env_wall - loop))
+    frames_per_round = block
+    per_worker = frames_per_round / worker_wall
+    bounds = {"workers": n_workers * per_worker}
+    cpu_per_frame = worker_cpu / frames_per_round + server_cpu_per_frame
+    if layout.workers == "process" and c.env_wait_s > 0 and n_workers > c.cpus:
+        cpu_per_frame += c.hop_s / frames_per_round  # a process that waits is woken again: a context switch
+    if layout.workers == "thread" and layout.server in ("thread", "inline"):
+        bounds["gil"] = 1.0 / cpu_per_frame  # one interpreter: every part is serial
+    elif layout.workers == "thread":  # workers in the driver, server in its own process
+        bounds["gil"] = 1.0 / (worker_cpu / frames_per_round)
+        bounds["server"] = 1.0 / server_cpu_per_frame
+        bounds["cpu"] = c.cpus / cpu_per_frame
+    else:
+        bounds["cpu"] = c.cpus / cpu_per_frame
+        if layout.server != "inline":
+            bounds["server"] = 1.0 / server_cpu_per_frame
+    bound = min(bounds, key=bounds.get)
+    return Layout(layout.workers, layout.server, layout.envs_per_worker, layout.splits, bounds[bound], bound,
+                  {k: float(v) for k, v in bounds.items()})
+
+
+def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None) -> list[Layout]:
+    """Every layout worth predicting (``workers`` restricts the env backend)."""
+    out: list[Layout] = []
+    backends = [workers] if workers else ["thread", "process"]
+    if "thread" in backends:
+        out += [Layout("thread", server, num_envs) for server in ("inline", "thread", "process")]
+    if "process" in backends:
+        counts = sorted({min(num_envs, k) for k in
+                         (1, max(1, cpus - 1), cpus, 2 * cpus, 4 * cpus, 8 * cpus, num_envs)} - {0})
+        for count in counts:
+            if count > MAX_PROCESSES:
+                continue
+            per_worker = math.ceil(num_envs / count)
+            if count <= INLINE_PROCESSES_PER_CPU * cpus:
+                out.append(Layout("process", "inline", per_worker))
+            for server in ("process", "thread"):
+                out.append(Layout("process", server, per_worker, 1))
+                if per_worker >= 2:
+                    out.append(Layout("process", server, per_worker, 2))
+    return out
+
+
+def choose(costs: Costs, num_envs: int, workers: str | None = None,
+           servers: Sequence[str] = ("inline", "thread", "process"),
+           envs_per_worker: int | None = None) -> tuple[Layout, list[Layout]]:
+    """The best predicted layout among those with an allowed server, and every prediction (best first).
+
+    Near-ties (within 5 %) go to the layout with fewer processes: the model
+    is not that precise, and processes cost memory and start-up time.
+    """
+    layouts = candidate_layouts(num_envs, costs.cpus, workers)
+    if envs_per_worker is not None:  # the user fixed the grouping: only placements and splits are open
+        layouts = [Layout(l.workers, l.server, envs_per_worker, l.splits if envs_per_worker >= 2 else 1)
+                   for l in layouts]
+        layouts = list(dict.fromkeys(layouts))
+    ranked = sorted((predict(layout, costs, num_envs) for layout in layouts if layout.server in servers),
+                    key=lambda l: -l.predicted_fps)
+    if not ranked:
+        raise ValueError(f"no candidate layout for workers={workers} servers={list(servers)}")
+    best = ranked[0]
+    close = [l for l in ranked if l.predicted_fps >= 0.95 * best.predicted_fps]
+
+    def processes(l: Layout) -> int:
+        count = math.ceil(num_envs / l.envs_per_worker) if l.workers == "process" else 0
+        return count + (l.server == "process")
+
+    return min(close, key=lambda l: (processes(l), -l.predicted_fps)), ranked
+
+
+# ---------------------------------------------------------------------------------------------- probes
+def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
+    """Mean wall and thread-CPU seconds of one env step, over about ``budget_s`` (resets excluded)."""
+    env = factory()
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        actions = [env.action_space.sample() for _ in range(64)]
+        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
+        for action in actions[:4]:  # warm-up: first steps allocate
+            _, _, term, trunc, _ = env.step(action)
+            if term or trunc:
+                env.reset()
+        wall = cpu = 0.0
+        steps = 0
+        deadline = time.perf_counter() + budget_s
+        while (time.perf_counter() < deadline and steps < 20_000) or steps < 8:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            _, _, term, trunc, _ = env.step(actions[steps % len(actions)])
+            wall += time.perf_counter() - w0
+            cpu += time.thread_time() - c0
+            steps += 1
+            if term or trunc:
+                env.reset()
+    finally:
+        env.close()
+    # thread_time ticks coarsely on some kernels; never report more CPU than wall
+    return wall / steps, min(cpu / steps, wall / steps)
+
+
+def _time_policy(engine: Any, obs_shape: tuple[int, ...], obs_dtype: str, budget_s: float) -> dict[int, float]:
+    out = {}
+    for b in BATCHES:
+        obs = np.zeros((b, *obs_shape), obs_dtype)
+        modes = np.zeros(b, np.int8)
+        engine.act({"observation": obs}, modes)
+        reps, start = 0, time.perf_counter()
+        while (time.perf_counter() - start < budget_s / len(BATCHES) and reps < 2000) or reps < 3:
+            engine.act({"observation": obs}, modes)
+            reps += 1
+        out[b] = (time.perf_counter() - start) / reps / b
+    return out
+
+
+class _NullEnv:
+    """Steps in no time: what remains of a block's step is the worker loop's own cost."""
+
+    def __init__(self, obs: np.ndarray, action_space: Any, observation_space: Any) -> None:
+        self._obs, self.action_space, self.observation_space = obs, action_space, observation_space
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        return self._obs, {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return self._obs, 0.0, False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
+def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
+    """(per-step, per-env) cost of stepping a block and writing its transition, without env time."""
+    import gymnasium as gym
+
+    from components.collector.env_block import EnvBlock
+
+    obs = np.zeros(env_spec.obs_shape, env_spec.obs_dtype)
+    if env_spec.action_kind == "discrete":
+        space: Any = gym.spaces.Discrete(max(1, env_spec.action_n))
+        make_actions = lambda n: np.zeros(n, np.int64)  # noqa: E731
+    else:
+        space = gym.spaces.Box(np.asarray(env_spec.action_low, np.float32), np.asarray(env_spec.action_high,
+                               np.float32), dtype=np.float32)
+        make_actions = lambda n: np.zeros((n, *env_spec.action_shape), np.float32)  # noqa: E731
+    obs_space = gym.spaces.Box(-np.inf, np.inf, env_spec.obs_shape, np.float32) \
+        if env_spec.obs_dtype.startswith("float") else gym.spaces.Box(0, 255, env_spec.obs_shape, np.uint8)
+    per = {}
+    for n in (1, 16):
+        block = EnvBlock(lambda: _NullEnv(obs, space, obs_space), list(range(n)), list(range(n)))
+        rows = block.empty_rows()
+        out = np.zeros((n, *env_spec.obs_shape), env_spec.obs_dtype)
+        chunk = {k: np.zeros((2, *v.shape), v.dtype) for k, v in rows.items()}
+        actions = make_actions(n)
+        block.reset(out)
+        reps, start = 0, time.perf_counter()
+        while (time.perf_counter() - start < budget_s / 2 and reps < 5000) or reps < 20:
+            block.step(actions, rows, out)
+            for key, value in rows.items():  # the chunk row copy the worker loop does
+                chunk[key][reps % 2] = value
+            reps += 1
+        per[n] = (time.perf_counter() - start) / reps
+        block.close()
+    per_env = max(0.0, (per[16] - per[1]) / 15)
+    return max(0.0, per[1] - per_env), per_env
+
+
+_ECHO = "import os,sys\nr,w=int(sys.argv[1]),int(sys.argv[2])\nwhile True:\n b=os.read(r,1)\n if not b: break\n os.write(w,b)\n"
+
+
+def _time_hop(rounds: int = 400) -> float:
+    """One cross-process wake-up: half a ping-pong round trip with a bare interpreter (``-I -S``, ~20 ms to start).
+
+    Over pipes rather than the slot transport's semaphores: both wake a
+    sleeping process through the kernel, and a bare child needs none of
+    this package's imports (a spawned one would import numpy and the
+    runner first).
+    """
+    import os
+    import subprocess
+    import sys
+
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _ECHO, str(down_r), str(up_w)],
+                             pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
+    os.close(down_r)
+    os.close(up_w)
+    import select
+
+    def round_trip(timeout: float) -> None:
+        os.write(down_w, b"x")
+        if not select.select([up_r], [], [], timeout)[0] or not os.read(up_r, 1):
+            raise TimeoutError("the wake-up probe's child did not answer")
+
+    try:
+        for _ in range(20):  # warm-up (and the child's start)
+            round_trip(10.0)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            round_trip(1.0)
+        return (time.perf_counter() - start) / rounds / 2
+    finally:
+        os.close(down_w)
+        os.close(up_r)
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(1)
+
+
+def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, budget_s: float = 0.4,
+            hop_s: float | None = None) -> Costs:
+    """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
+    wall, cpu = _time_env(factory, budget_s * 0.4)
+    infer = _time_policy(engine, tuple(env_spec.obs_shape), str(env_spec.obs_dtype), budget_s * 0.3)
+    loop_step, loop_env = _time_loop(env_spec, budget_s * 0.3)
+    if hop_s is None:
+        try:
+            hop_s = _time_hop()
+        except (OSError, TimeoutError):
+            hop_s = DEFAULT_HOP_S  # no child process here (a sandbox): a typical figure
+    hop = hop_s
+    return Costs(wall, cpu, infer, loop_step, loop_env, hop, getattr(engine, "name", "torch"), cpus)
+
+
+def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
+                     engine: str) -> Costs:
+    """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose."""
+    from omegaconf import OmegaConf
+
+    from components.inference.serving import serving_engine
+    from components.models import ModelSpec
+
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(kwargs, dict)
+    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec).to(policy_device).eval()
+    return measure(factory, serving_engine(model, engine, policy_device, "cpu", seed=0), env_spec, cpus)

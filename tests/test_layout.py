@@ -1,0 +1,90 @@
+"""The layout model behind transport=auto: probes, predictions, choices, the corrected limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.layout import Costs, Layout, choose, machine_limit, measure, predict
+from pipeline.plan import Machine, resolve_plan
+from tests.conftest import compose
+
+NUMPY_MLP = {1: 30e-6, 4: 8e-6, 16: 2.5e-6, 64: 1.0e-6, 256: 1.0e-6}
+CHEAP = Costs(env_wall_s=8e-6, env_cpu_s=8e-6, infer_s=NUMPY_MLP, loop_step_s=12e-6, loop_env_s=0.4e-6,
+              hop_s=25e-6, engine="numpy", cpus=2)
+WAITING = Costs(env_wall_s=5e-3, env_cpu_s=60e-6, infer_s=NUMPY_MLP, loop_step_s=12e-6, loop_env_s=0.4e-6,
+                hop_s=25e-6, engine="numpy", cpus=2)
+CPU = Machine(cpus=2, cuda=False)
+GPU = Machine(cpus=16, cuda=True, cuda_count=1)
+
+
+def test_the_limit_counts_cpu_time_on_the_cpus_and_wall_time_per_env():
+    # a cheap env is CPU-bound: 2 CPUs / (8 us + 1 us)
+    assert machine_limit(CHEAP, 64) == pytest.approx(2 / 9e-6)
+    # a waiting env is bounded by its own wall time, never "300 % of the limit"
+    assert machine_limit(WAITING, 64) == pytest.approx(64 / 5e-3)
+
+
+def test_cheap_envs_keep_the_policy_inline_and_waiting_envs_get_a_worker_each():
+    best, ranked = choose(CHEAP, 64)
+    assert best.server == "inline" and best.predicted_fps == ranked[0].predicted_fps
+    assert best.predicted_fps <= machine_limit(CHEAP, 64)
+    best, _ = choose(WAITING, 64)
+    assert (best.workers, best.envs_per_worker) == ("process", 1), best
+    assert best.predicted_fps >= 0.75 * machine_limit(WAITING, 64)
+    # stepping them one after another in one worker is what the rule of earlier versions did
+    one = predict(Layout("process", "process", 64, 2), WAITING, 64)
+    assert one.predicted_fps < 0.05 * best.predicted_fps and one.bound == "workers"
+
+
+def test_thread_workers_and_a_thread_server_share_one_interpreter():
+    both = predict(Layout("thread", "thread", 8), CHEAP, 8)
+    inline = predict(Layout("thread", "inline", 8), CHEAP, 8)
+    assert both.bound == "gil" and inline.predicted_fps > both.predicted_fps
+
+
+def test_a_fixed_grouping_leaves_only_placement_and_splits_open():
+    best, ranked = choose(CHEAP, 64, workers="process", envs_per_worker=16)
+    assert {l.envs_per_worker for l in ranked} == {16} and best.workers == "process"
+
+
+def test_the_plan_prints_the_measured_choice_and_moves_waiting_envs_to_processes():
+    plan = resolve_plan(compose(), CPU, costs=CHEAP)
+    assert plan.graph.server == "inline" and plan.graph.workers == "thread"
+    assert "auto (measured) ->" in plan.reason("transport") and "predicted" in plan.reason("transport")
+    plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
+    assert plan.graph.workers == "process" and plan.graph.envs_per_worker == 1
+    plan = resolve_plan(compose("transport=slots", "server=thread"), CPU, costs=CHEAP)
+    assert plan.graph.server == "thread", "transport=slots keeps the configured server"
+    plan = resolve_plan(compose("device=auto", "workers=process"), GPU, costs=CHEAP)
+    assert plan.graph.server in ("process", "thread"), "an accelerator keeps the central server"
+
+
+def test_the_probe_measures_a_real_env_policy_loop_and_wake_up():
+    from components.envs import GymEnvFactory, probe_env_spec
+    from components.inference.serving import serving_engine
+    from components.models import ActorCritic
+
+    factory = GymEnvFactory("CartPole-v1")
+    spec = probe_env_spec(factory)
+    costs = measure(factory, serving_engine(ActorCritic(spec, hidden=(16,)), "numpy", "cpu", seed=0), spec, 2,
+                    budget_s=0.2)
+    assert 0 < costs.env_cpu_s <= costs.env_wall_s < 1e-3
+    assert costs.infer_at(1) > costs.infer_at(256) > 0, "per-sample cost falls with the batch"
+    assert 0 < costs.hop_s < 5e-3 and costs.loop_step_s > 0
+    again = Costs.from_dict(costs.as_dict())
+    assert again.env_wall_s == pytest.approx(costs.env_wall_s) and again.infer_s == pytest.approx(costs.infer_s)
+    assert (again.hop_s, again.cpus, again.engine) == (pytest.approx(costs.hop_s), 2, "numpy")
+
+
+def test_the_waiting_workload_mostly_waits():
+    import time
+
+    from pipeline.bench.waiting_env import WaitingEnvFactory
+
+    env = WaitingEnvFactory(mean_ms=2.0)()
+    env.reset(seed=0)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(100):
+        env.step(0)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    assert wall > 0.1 and cpu < wall / 4
