@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,82 @@ def overrides_dict(overrides: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _config_text(run_config: Mapping[str, Any] | None) -> str | None:
+    if not run_config:
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(dict(run_config)))
+
+
+class SinkStartError(RuntimeError):
+    """An optional sink opened in the background could not start."""
+
+
+class BackgroundOpen:
+    """An optional sink opened in a daemon thread, so its start is off the run's critical path.
+
+    ``wandb.init`` takes about 2 s even offline (imports, a service process,
+    its settings model); a run that waited for it would train 2 s later.
+    Rows and summaries given before the sink is open are kept and replayed
+    in order on the first call after it is (from the caller's thread: the
+    sink is never used from two threads). ``close`` and the sink's own
+    attributes (``id``, ``dir``) wait for the start, at most ``timeout``.
+    A start that failed raises :class:`SinkStartError` from the next call.
+    """
+
+    def __init__(self, name: str, make: Any, timeout: float) -> None:
+        self.name = name
+        self._timeout = timeout
+        self._sink: Any = None
+        self._error: BaseException | None = None
+        self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        self._ready = threading.Event()
+
+        def open_it() -> None:
+            try:
+                self._sink = make()
+            except BaseException as err:  # noqa: BLE001 - raised from the next call
+                self._error = err
+            finally:
+                self._ready.set()
+
+        threading.Thread(target=open_it, name=f"open-{name}", daemon=True).start()
+
+    def _resolve(self, wait: bool) -> Any:
+        if not self._ready.is_set() and not (wait and self._ready.wait(self._timeout)):
+            if wait:
+                raise SinkStartError(f"did not start within {self._timeout:g} s")
+            return None
+        if self._error is not None:
+            raise SinkStartError(f"{type(self._error).__name__}: {self._error}") from self._error
+        pending, self._pending = self._pending, []
+        for call, args in pending:
+            getattr(self._sink, call)(*args)
+        return self._sink
+
+    def _call(self, call: str, *args: Any) -> None:
+        sink = self._resolve(wait=False)
+        if sink is None:
+            self._pending.append((call, args))
+        else:
+            getattr(sink, call)(*args)
+
+    def log(self, row: dict[str, Any], frames: int) -> None:
+        self._call("log", row, frames)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self._call("summary", values)
+
+    def close(self, exit_code: int) -> None:
+        self._resolve(wait=True).close(exit_code)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._resolve(wait=True), name)
+
+
 class MetricsLogger:
     """Writes metric rows to ``metrics.jsonl`` and the other ``sinks``.
 
@@ -78,6 +155,10 @@ class MetricsLogger:
             HParams).
         resume_id: the wandb run id to continue.
         wandb_timeout: seconds wandb may take to start, and to finish.
+        in_process: open TensorBoard and wandb in this process (default) or,
+            with False, in a child process (:mod:`components.sinks.host`;
+            the runner's choice: their Python then never takes this
+            process's GIL from training).
 
     Examples:
         >>> import tempfile, json
@@ -107,6 +188,7 @@ class MetricsLogger:
         overrides: Sequence[str] | None = None,
         resume_id: str | None = None,
         wandb_timeout: float = 60.0,
+        in_process: bool = True,
     ) -> None:
         self.sinks_requested = check_sinks(sinks)
         self.interval = interval
@@ -116,13 +198,31 @@ class MetricsLogger:
         self._jsonl = JsonLinesSink(self.run_dir)
         self._optional: list[Sink] = []
         self._wandb: Any = None
+        self._host: Any = None
+        self._wandb_timeout = wandb_timeout
         given = list(overrides or [])
+        optional = [s for s in self.sinks_requested if s != "jsonl"]
+        if optional and not in_process:
+            from components.sinks.host import SinkHost
+
+            specs = []
+            if "tensorboard" in optional:
+                specs.append(("tensorboard", "components.sinks.tensorboard.TensorBoardSink", (self.run_dir,),
+                              {"config_text": _config_text(run_config),
+                               "hparams": overrides_dict(given) or {"run": "default"}}))
+            if "wandb" in optional:
+                specs.append(("wandb", "components.sinks.wandb_run.WandbSink", (self.run_dir,), dict(
+                    project=project, entity=entity, group=group, name=name, tags=[*(tags or []), *given],
+                    job_type=job_type, mode=mode, run_config=dict(run_config or {}), resume_id=resume_id,
+                    init_timeout=wandb_timeout, finish_timeout=wandb_timeout)))
+            self._host = SinkHost(specs)
+            return
         if "tensorboard" in self.sinks_requested:
             self._open("tensorboard", lambda: self._tensorboard(run_config, given))
         if "wandb" in self.sinks_requested:
             from components.sinks.wandb_run import WandbSink
 
-            self._wandb = self._open("wandb", lambda: WandbSink(
+            self._wandb = self._open_in_background("wandb", wandb_timeout, lambda: WandbSink(
                 self.run_dir, project=project, entity=entity, group=group, name=name,
                 tags=[*(tags or []), *given], job_type=job_type, mode=mode,
                 run_config=dict(run_config or {}), resume_id=resume_id, init_timeout=wandb_timeout,
@@ -131,12 +231,8 @@ class MetricsLogger:
     def _tensorboard(self, run_config: Mapping[str, Any] | None, overrides: list[str]) -> Sink:
         from components.sinks.tensorboard import TensorBoardSink
 
-        text = None
-        if run_config:
-            from omegaconf import OmegaConf
-
-            text = OmegaConf.to_yaml(OmegaConf.create(dict(run_config)))
-        return TensorBoardSink(self.run_dir, config_text=text, hparams=overrides_dict(overrides) or {"run": "default"})
+        return TensorBoardSink(self.run_dir, config_text=_config_text(run_config),
+                               hparams=overrides_dict(overrides) or {"run": "default"})
 
     def _open(self, name: str, make: Any) -> Any:
         try:
@@ -144,6 +240,11 @@ class MetricsLogger:
         except Exception as err:  # noqa: BLE001 - an optional view: say so once, go on without it
             self._warn(name, "could not start", err)
             return None
+        self._optional.append(sink)
+        return sink
+
+    def _open_in_background(self, name: str, timeout: float, make: Any) -> Any:
+        sink = BackgroundOpen(name, make, timeout)
         self._optional.append(sink)
         return sink
 
@@ -161,41 +262,67 @@ class MetricsLogger:
                 self._optional.remove(sink)
                 if sink is self._wandb:
                     self._wandb = None
-                self._warn(sink.name, "failed", err)
+                self._warn(sink.name, "could not start" if isinstance(err, SinkStartError) else "failed", err)
 
     @property
     def sinks(self) -> list[str]:
         """The sinks that are writing now (a failed optional one is gone)."""
-        return ["jsonl", *[s.name for s in self._optional]]
+        hosted = self._host.names if self._host is not None else []
+        return ["jsonl", *[s.name for s in self._optional], *hosted]
 
     @property
     def wandb_id(self) -> str | None:
-        """The wandb run's id (what a resumed run continues), None without wandb."""
-        return self._wandb.id if self._wandb is not None else None
+        """The wandb run's id (what a resumed run continues), None without wandb (or when it did not start)."""
+        return self._wandb_attr("id")
 
     @property
     def wandb_dir(self) -> Path | None:
-        return self._wandb.dir if self._wandb is not None else None
+        return self._wandb_attr("dir")
+
+    def _wandb_attr(self, name: str) -> Any:
+        if self._host is not None:
+            value = self._host.attr("wandb", name, self._wandb_timeout)
+            return None if value is None else (Path(value) if name == "dir" else value)
+        if self._wandb is None:
+            return None
+        try:
+            return getattr(self._wandb, name)
+        except Exception as err:  # noqa: BLE001 - it failed to start: warned once, gone
+            if self._wandb in self._optional:
+                self._optional.remove(self._wandb)
+                self._warn("wandb", "could not start" if isinstance(err, SinkStartError) else "failed", err)
+            self._wandb = None
+            return None
 
     @property
     def tensorboard_dir(self) -> Path | None:
+        if self._host is not None:
+            value = self._host.attr("tensorboard", "log_dir", 30.0)
+            return None if value is None else Path(value)
         return next((s.log_dir for s in self._optional if s.name == "tensorboard"), None)  # type: ignore[attr-defined]
 
     def log(self, metrics: Mapping[str, Any], *, frames: int) -> None:
         row = {"frames": int(frames), **{k: _clean(v) for k, v in metrics.items()}}
         self._jsonl.log(row, int(frames))  # first: its errors end the run
         self._each("log", row, int(frames))
+        if self._host is not None:
+            self._host.send("log", row, int(frames))
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Final values: a last ``summary`` row in the file, the wandb run summary, TensorBoard HParams."""
         clean = {k: _clean(v) for k, v in values.items()}
         self._jsonl.summary(clean)
         self._each("summary", clean)
+        if self._host is not None:
+            self._host.send("summary", clean)
 
     def close(self, exit_code: int = 0) -> None:
         try:
             self._each("close", exit_code)
+            if self._host is not None:
+                self._host.close(exit_code, self._wandb_timeout + 10.0)
         finally:
+            self._host = None
             self._optional.clear()
             self._wandb = None
             self._jsonl.close(exit_code)

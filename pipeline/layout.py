@@ -36,9 +36,9 @@ import numpy as np
 
 #: Batch sizes the policy is timed at (per-sample cost is interpolated in log(batch) between them).
 BATCHES = (1, 4, 16, 64, 256)
-#: Inline worker processes per CPU at most: each imports torch for its policy copy (~1 s of CPU to
-#: start, ~190 MB resident), which a worker stepping envs for a central server never does.
-INLINE_PROCESSES_PER_CPU = 2
+#: Inline worker processes per CPU at most with the torch engine: each imports torch for its policy
+#: copy (~1 s of CPU to start, ~190 MB resident). The numpy engine needs no torch: no such cap.
+INLINE_TORCH_PROCESSES_PER_CPU = 2
 #: A cross-process wake-up where none can be measured (seconds; ~3-25 us on the machines measured).
 DEFAULT_HOP_S = 25e-6
 #: The most worker processes a layout may have: each is a Python interpreter with its own memory.
@@ -147,7 +147,10 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
         server_cpu_per_frame = 0.0
         hops_per_block = 0.0
     else:
-        batch = min(num_envs, 256) if layout.server == "process" else min(num_envs, 256)
+        # The server batches what is ready: while it computes, the blocks it is not answering keep
+        # stepping, so about half the blocks wait at a time (measured on Pong: two 8-env workers gave
+        # the server batches of 8, not 16).
+        batch = min(num_envs, 256, block * max(1.0, n_workers * layout.splits / 2))
         server_cpu_per_frame = c.infer_at(batch) + 2 * c.hop_s / block  # gather/scatter and the wake-ups
         hops_per_block = 2.0
         worker_cpu = env_cpu + loop + hops_per_block * c.hop_s
@@ -175,7 +178,7 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
                   {k: float(v) for k, v in bounds.items()})
 
 
-def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None) -> list[Layout]:
+def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engine: str = "numpy") -> list[Layout]:
     """Every layout worth predicting (``workers`` restricts the env backend)."""
     out: list[Layout] = []
     backends = [workers] if workers else ["thread", "process"]
@@ -188,7 +191,7 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None) -> l
             if count > MAX_PROCESSES:
                 continue
             per_worker = math.ceil(num_envs / count)
-            if count <= INLINE_PROCESSES_PER_CPU * cpus:
+            if engine == "numpy" or count <= INLINE_TORCH_PROCESSES_PER_CPU * cpus:
                 out.append(Layout("process", "inline", per_worker))
             for server in ("process", "thread"):
                 out.append(Layout("process", server, per_worker, 1))
@@ -205,7 +208,7 @@ def choose(costs: Costs, num_envs: int, workers: str | None = None,
     Near-ties (within 5 %) go to the layout with fewer processes: the model
     is not that precise, and processes cost memory and start-up time.
     """
-    layouts = candidate_layouts(num_envs, costs.cpus, workers)
+    layouts = candidate_layouts(num_envs, costs.cpus, workers, costs.engine)
     if envs_per_worker is not None:  # the user fixed the grouping: only placements and splits are open
         layouts = [Layout(l.workers, l.server, envs_per_worker, l.splits if envs_per_worker >= 2 else 1)
                    for l in layouts]

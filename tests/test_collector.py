@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
@@ -254,5 +255,35 @@ def test_server_statistics_of_an_interval_equal_the_rows_the_workers_sent_in_it(
         assert sent > 0 and stats["rows"] == sent, (stats["rows"], sent)
         assert stats["rows_total"] >= stats["rows"] and stats["requests"] > 0
         assert stats["avg_batch_size"] == pytest.approx(stats["rows"] / stats["batches"])
+    finally:
+        collector.shutdown()
+
+
+def _loads_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
+        return "libtorch" in fh.read()
+
+
+@pytest.mark.parametrize(("engine", "torch_in_workers"), [
+    ("numpy", False),  # weights as numpy arrays through the lock-free reader: no torch in the worker
+    ("torch", True),
+])
+def test_inline_workers_import_torch_only_for_the_torch_engine(engine, torch_in_workers):
+    from components.inference.loop import ServerConfig
+
+    graph = GraphSpec("process", "inline", num_envs=2, envs_per_worker=1, chunk_len=4)
+    collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), SMALL_MLP, graph, frames_per_batch=16,
+                                      total_frames=-1, seed=0, server_config=ServerConfig(engine=engine)).start()
+    try:
+        model = SMALL_MLP.build(collector.env_spec)
+        collector.update_policy_weights_(model, version=3)
+        versions: set[int] = set()
+        for _ in range(100):
+            versions |= set(collector.next_batch()["policy_version"].tolist())
+            if 3 in versions:
+                break
+        assert 3 in versions
+        assert _loads_torch(os.getpid()), "the driver has torch"
+        assert [_loads_torch(pid) for pid in collector.workers.pids] == [torch_in_workers] * 2
     finally:
         collector.shutdown()

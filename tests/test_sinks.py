@@ -169,3 +169,67 @@ def test_tensorboard_serves_a_finished_runs_scalars_over_http(tmp_path):
     finally:
         board.kill()
         board.wait(10)
+
+
+class FailingSink:
+    """A sink for the child process of ``in_process=False``: starts, then fails on its second row."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path) -> None:
+        self.rows = 0
+        self.log_dir = run_dir / "fake"
+
+    def log(self, row: dict, frames: int) -> None:
+        self.rows += 1
+        if self.rows == 2:
+            raise RuntimeError("disk on fire\nsecond line")
+
+    def summary(self, values: dict) -> None:
+        pass
+
+    def close(self, exit_code: int) -> None:
+        pass
+
+
+def test_sinks_in_a_child_process_get_every_row_and_report_the_wandb_id(tmp_path):
+    logger = MetricsLogger(tmp_path, sinks=["jsonl", "tensorboard", "wandb"], mode="offline", in_process=False)
+    try:
+        for frames, row in zip((256, 512), ROWS):
+            logger.log(row, frames=frames)
+        run_id = logger.wandb_id
+        logger.summary({"frames": 512, "episode/return_mean": 30.0})
+    finally:
+        logger.close()
+    assert logger._host is None and run_id and len(run_id) >= 6
+    assert _scalars(tmp_path / "tb")["train/loss"] == [(256, 0.5), (512, 0.25)]
+    runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_a_sink_failing_in_the_child_is_one_warning_and_a_dead_child_loses_nothing_else(tmp_path, capsys):
+    from components.sinks.host import SinkHost
+
+    host = SinkHost([("tensorboard", "tests.test_sinks.FailingSink", (tmp_path,), {})])
+    try:
+        assert host.attr("tensorboard", "log_dir", 30) == str(tmp_path / "fake")
+        for frames in range(1, 4):
+            host.send("log", {"x": 1.0}, frames)
+        deadline = time.monotonic() + 30
+        while host.names and time.monotonic() < deadline:
+            host.send("log", {"x": 1.0}, 9)
+            time.sleep(0.05)
+        assert host.names == []
+    finally:
+        host.close(0, 10)
+    assert capsys.readouterr().err.count(
+        "warning: logger sink tensorboard failed (RuntimeError: disk on fire); the run goes on without it") == 1
+    logger = MetricsLogger(tmp_path / "killed", sinks=["jsonl", "tensorboard"], in_process=False)
+    logger.log(ROWS[0], frames=1)
+    logger._host._process.kill()
+    logger._host._process.join(10)
+    logger.log(ROWS[1], frames=2)
+    logger.close()
+    err = capsys.readouterr().err
+    assert "warning: logger sink tensorboard failed (its process exited with code -9)" in err
+    assert len((tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) == 2

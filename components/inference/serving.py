@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.interaction import InteractionMode
+from components.inference.numpy_engine import NumpyActorCriticEngine, NumpyQNetworkEngine
 from components.models import ActorCritic, CategoricalHead, QNetwork
 
 ENGINES = ("auto", "torch", "numpy")
@@ -143,36 +143,51 @@ def numpy_eligible(model: Any, device: str) -> str | None:
     return None
 
 
-def _layers(net: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
-    """(weight^T, bias, activation after it) for each Linear of ``net``, in order."""
-    layers: list[tuple[np.ndarray, np.ndarray, str | None]] = []
-    for module in net.modules():
+def _layer_keys(net: nn.Module, prefix: str) -> list[tuple[str, str, str | None]]:
+    """(weight key, bias key, activation after it) of each Linear of ``net``, in order."""
+    keys: list[tuple[str, str, str | None]] = []
+    for name, module in net.named_modules():
         if isinstance(module, nn.Linear):
-            weight = module.weight.detach().cpu().numpy().T.copy()
-            layers.append((weight, module.bias.detach().cpu().numpy().copy(), None))
+            path = f"{prefix}.{name}" if name else prefix
+            keys.append((f"{path}.weight", f"{path}.bias", None))
         elif isinstance(module, (nn.Tanh, nn.ReLU)):
-            w, b, _ = layers[-1]
-            layers[-1] = (w, b, "tanh" if isinstance(module, nn.Tanh) else "relu")
-    return layers
+            w, b, _ = keys[-1]
+            keys[-1] = (w, b, "tanh" if isinstance(module, nn.Tanh) else "relu")
+    return keys
 
 
-def _apply(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray, str | None]]) -> np.ndarray:
-    for weight, bias, activation in layers:
-        x = x @ weight
-        x += bias
-        if activation == "tanh":
-            np.tanh(x, out=x)
-        elif activation == "relu":
-            np.maximum(x, 0.0, out=x)
-    return x
+def numpy_recipe(model: Any) -> dict[str, Any]:
+    """What the numpy engine needs to rebuild ``model`` from its state dict (picklable, no torch).
+
+    Raises ValueError when ``model`` has no numpy engine (see :func:`numpy_eligible`).
+    """
+    reason = numpy_eligible(model, "cpu")
+    if reason is not None:
+        raise ValueError(f"the numpy engine cannot serve this model: {reason}")
+    if isinstance(model, QNetwork):
+        return {"kind": "q", "head": _layer_keys(model.head, "head"), "epsilon": "epsilon",
+                "action_n": int(model.spec.action_n)}
+    discrete = isinstance(model.head, CategoricalHead)
+    norm = getattr(model, "obs_norm", None)
+    return {
+        "kind": "actor_critic", "discrete": discrete, "action_shape": tuple(model.spec.action_shape),
+        "actor": _layer_keys(model.actor, "actor"), "critic": _layer_keys(model.critic, "critic"),
+        "log_std": None if discrete else "head.log_std",
+        "norm": None if norm is None else {"mean": "obs_norm.mean", "var": "obs_norm.var", "eps": norm.eps,
+                                          "clip": norm.clip},
+    }
 
 
-class NumpyActorCritic:
-    """A numpy copy of an MLP :class:`ActorCritic` with the same ``act`` contract.
+def numpy_state(model: nn.Module) -> dict[str, np.ndarray]:
+    """``model``'s state dict as numpy arrays (views of its CPU tensors)."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+class NumpyActorCritic(NumpyActorCriticEngine):
+    """The numpy engine of an MLP :class:`ActorCritic`, reading the weights from the module itself.
 
     Returns numpy arrays (which shared-slot transports copy straight into
-    their banks). The first layers of actor and critic read the same input,
-    so they run as one matrix product.
+    their banks); :meth:`refresh` re-reads the module after a weight update.
 
     Examples:
         >>> from components.envs import EnvSpec
@@ -184,88 +199,13 @@ class NumpyActorCritic:
         True
     """
 
-    in_keys = ("observation",)
-    name = "numpy"
-
     def __init__(self, model: ActorCritic, seed: int | None = None) -> None:
-        reason = numpy_eligible(model, "cpu")
-        if reason is not None:
-            raise ValueError(f"the numpy engine cannot serve this model: {reason}")
         self.source = model
-        self._discrete = isinstance(model.head, CategoricalHead)
-        self._action_shape = model.spec.action_shape
-        self._rng = np.random.default_rng(seed)
-        self._rows = np.arange(0)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Re-read the source model's weights (call after every weight update)."""
-        actor, critic = _layers(self.source.actor), _layers(self.source.critic)
-        (wa, ba, act_a), (wc, bc, act_c) = actor[0], critic[0]
-        self._first = (np.concatenate([wa, wc], 1), np.concatenate([ba, bc]))
-        self._first_act = (act_a, act_c)
-        self._split = wa.shape[1]
-        self._actor, self._critic = actor[1:], critic[1:]
-        if not self._discrete:
-            self._log_std = self.source.head.log_std.detach().cpu().numpy().astype(np.float64)
-        norm = getattr(self.source, "obs_norm", None)
-        self._norm = None if norm is None else norm.numpy_params()
-
-    def _activate(self, x: np.ndarray, activation: str | None) -> np.ndarray:
-        if activation == "tanh":
-            np.tanh(x, out=x)
-        elif activation == "relu":
-            np.maximum(x, 0.0, out=x)
-        return x
-
-    def act(self, inputs: dict[str, Any], modes: Any = None) -> dict[str, np.ndarray]:
-        obs = inputs["observation"]
-        obs = obs.numpy() if isinstance(obs, torch.Tensor) else np.asarray(obs)
-        n = obs.shape[0]
-        if self._rows.shape[0] < n:
-            self._rows = np.arange(max(n, 256))
-        x = obs.reshape(n, -1).astype(np.float32, copy=False)
-        if self._norm is not None:
-            mean, inv_std, clip = self._norm
-            x = np.clip((x - mean) * inv_std, -clip, clip)
-        weight, bias = self._first
-        h = x @ weight
-        h += bias
-        ha = self._activate(h[:, : self._split], self._first_act[0])
-        hc = self._activate(h[:, self._split :], self._first_act[1])
-        params = _apply(ha, self._actor)
-        value = _apply(hc, self._critic)[:, 0]
-        greedy = None
-        if modes is not None:
-            m = modes.numpy() if isinstance(modes, torch.Tensor) else np.asarray(modes)
-            greedy = m != int(InteractionMode.RANDOM)
-            if not greedy.any():
-                greedy = None
-        if self._discrete:
-            z = params - params.max(1, keepdims=True)
-            log_probs = z - np.log(np.exp(z).sum(1, keepdims=True))
-            # Gumbel-max: argmax(logp + Gumbel) = argmax(logp - log(Exp(1))).
-            action = (log_probs - np.log(self._rng.exponential(size=log_probs.shape))).argmax(1)
-            if greedy is not None:
-                action = np.where(greedy, log_probs.argmax(1), action)
-            log_prob = log_probs[self._rows[:n], action]
-            action = action.astype(np.int64, copy=False)
-        else:
-            std = np.exp(self._log_std)
-            action = params + std * self._rng.standard_normal(params.shape)
-            if greedy is not None:
-                action = np.where(greedy[:, None], params, action)
-            log_prob = (-((action - params) ** 2) / (2 * std**2) - self._log_std - 0.5 * np.log(2 * np.pi)).sum(1)
-            action = action.astype(np.float32).reshape(n, *self._action_shape)
-        return {
-            "action": action,
-            "sample_log_prob": log_prob.astype(np.float32, copy=False),
-            "state_value": np.ascontiguousarray(value, dtype=np.float32),
-        }
+        super().__init__(numpy_recipe(model), lambda: numpy_state(model), seed)
 
 
-class NumpyQNetwork:
-    """A numpy copy of an MLP :class:`QNetwork`: greedy or epsilon-greedy per row.
+class NumpyQNetwork(NumpyQNetworkEngine):
+    """The numpy engine of an MLP :class:`QNetwork`: greedy or epsilon-greedy per row.
 
     Examples:
         >>> from components.envs import EnvSpec
@@ -276,37 +216,9 @@ class NumpyQNetwork:
         True
     """
 
-    in_keys = ("observation",)
-    name = "numpy"
-
     def __init__(self, model: QNetwork, seed: int | None = None) -> None:
-        reason = numpy_eligible(model, "cpu")
-        if reason is not None:
-            raise ValueError(f"the numpy engine cannot serve this model: {reason}")
         self.source = model
-        self._rng = np.random.default_rng(seed)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Re-read the weights and the exploration rate (call after every update)."""
-        self._layers = _layers(self.source.head)
-        self._epsilon = float(self.source.epsilon)
-        self._actions = self.source.spec.action_n
-
-    def act(self, inputs: dict[str, Any], modes: Any = None) -> dict[str, np.ndarray]:
-        obs = inputs["observation"]
-        obs = obs.numpy() if isinstance(obs, torch.Tensor) else np.asarray(obs)
-        n = obs.shape[0]
-        q = _apply(obs.reshape(n, -1).astype(np.float32, copy=False), self._layers)
-        action = q.argmax(1)
-        if self._epsilon > 0:
-            explore = self._rng.random(n) < self._epsilon
-            if modes is not None:
-                m = modes.numpy() if isinstance(modes, torch.Tensor) else np.asarray(modes)
-                explore &= m == int(InteractionMode.RANDOM)
-            if explore.any():
-                action = np.where(explore, self._rng.integers(0, self._actions, n), action)
-        return {"action": action.astype(np.int64, copy=False)}
+        super().__init__(numpy_recipe(model), lambda: numpy_state(model), seed)
 
 
 def serving_engine(

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from components.inference.weights_reader import WeightsReader
 from components.shm import FieldSpec, SharedArena
 
 
@@ -138,34 +139,27 @@ class SharedWeights:
             return int(self._version[0]), int(self._seq[0])
 
 
+    def reader(self) -> WeightsReader:
+        """A torch-free, lock-free reader of these weights (see :mod:`components.inference.weights_reader`)."""
+        return WeightsReader(self._arena, self._keys)
+
     def read_into(self, model: torch.nn.Module, give_up_s: float = 0.05) -> tuple[int, int] | None:
         """Like :meth:`copy_into`, without the lock; None when no clean copy could be taken in ``give_up_s``.
 
         For readers that may be killed at any instant (env workers with the
         policy inline): a reader killed inside :meth:`copy_into` would hold
-        the lock forever and stop every other reader and the trainer. Here
-        the reader copies, then checks that no publish began or ended
-        meanwhile (the ``writing`` flag and the publish count), and copies
-        again if one did; the caller keeps its weights and tries at its
-        next step when a publisher holds the arena longer than ``give_up_s``.
+        the lock forever and stop every other reader and the trainer. The
+        caller keeps its weights and tries again at its next step.
         """
-        import time
-
-        views = self._views()
-        deadline = time.monotonic() + give_up_s
-        own = model.state_dict()
-        while True:
-            seq = int(self._seq[0])
-            if not self._writing[0]:
-                with torch.no_grad():
-                    for key, view in views.items():
-                        own[key].copy_(view)
-                version = int(self._version[0])
-                if not self._writing[0] and int(self._seq[0]) == seq:
-                    return version, seq
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.0002)
+        got = self.reader().read(give_up_s=give_up_s)
+        if got is None:
+            return None
+        arrays, version, seq = got
+        with torch.no_grad():
+            own = model.state_dict()
+            for key, value in arrays.items():
+                own[key].copy_(torch.from_numpy(value))
+        return version, seq
 
 
 class CudaSharedWeights:
