@@ -178,8 +178,12 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
                   {k: float(v) for k, v in bounds.items()})
 
 
-def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engine: str = "numpy") -> list[Layout]:
-    """Every layout worth predicting (``workers`` restricts the env backend)."""
+def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engine: str = "numpy",
+                      shareable: bool = True) -> list[Layout]:
+    """Every layout worth predicting (``workers`` restricts the env backend).
+
+    ``shareable``: the policy device can be shared with a server process.
+    """
     out: list[Layout] = []
     backends = [workers] if workers else ["thread", "process"]
     if "thread" in backends:
@@ -193,7 +197,10 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engi
             per_worker = math.ceil(num_envs / count)
             if engine == "numpy" or count <= INLINE_TORCH_PROCESSES_PER_CPU * cpus:
                 out.append(Layout("process", "inline", per_worker))
-            for server in ("process", "thread"):
+            # A server thread would share the driver's GIL with the trainer and the batch assembly
+            # (measured on Pong: 1,346 frames/s against 1,492 for a server process); it remains for
+            # policies a process cannot share (see pipeline.plan).
+            for server in ("process",) if shareable else ("thread",):
                 out.append(Layout("process", server, per_worker, 1))
                 if per_worker >= 2:
                     out.append(Layout("process", server, per_worker, 2))
@@ -202,13 +209,13 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engi
 
 def choose(costs: Costs, num_envs: int, workers: str | None = None,
            servers: Sequence[str] = ("inline", "thread", "process"),
-           envs_per_worker: int | None = None) -> tuple[Layout, list[Layout]]:
+           envs_per_worker: int | None = None, shareable: bool = True) -> tuple[Layout, list[Layout]]:
     """The best predicted layout among those with an allowed server, and every prediction (best first).
 
     Near-ties (within 5 %) go to the layout with fewer processes: the model
     is not that precise, and processes cost memory and start-up time.
     """
-    layouts = candidate_layouts(num_envs, costs.cpus, workers, costs.engine)
+    layouts = candidate_layouts(num_envs, costs.cpus, workers, costs.engine, shareable)
     if envs_per_worker is not None:  # the user fixed the grouping: only placements and splits are open
         layouts = [Layout(l.workers, l.server, envs_per_worker, l.splits if envs_per_worker >= 2 else 1)
                    for l in layouts]

@@ -156,7 +156,8 @@ def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, p
         backend = None  # mostly-waiting envs: thread workers would make each env wait for the others
     requested = cfg.env.envs_per_worker
     best, _ = choose(costs, num_envs, workers=backend, servers=servers,
-                     envs_per_worker=None if requested is None else min(int(requested), num_envs))
+                     envs_per_worker=None if requested is None else min(int(requested), num_envs),
+                     shareable=shareable)
     return best
 
 
