@@ -250,7 +250,7 @@ def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float
         wall = cpu = 0.0
         steps = 0
         deadline = time.perf_counter() + budget_s
-        while (time.perf_counter() < deadline and steps < 20_000) or steps < 8:
+        while (time.perf_counter() < deadline and steps < ENV_PROBE_STEPS) or steps < 8:
             w0, c0 = time.perf_counter(), time.thread_time()
             _, _, term, trunc, _ = env.step(actions[steps % len(actions)])
             wall += time.perf_counter() - w0
@@ -375,10 +375,43 @@ def _time_hop(rounds: int = 400) -> float:
             child.wait(1)
 
 
+#: Seconds the env probe may take before the run goes on without it (an env that hangs must not
+#: hang the run before its workers and their watchdogs exist).
+ENV_PROBE_TIMEOUT_S = 10.0
+#: Env steps the probe takes at most (it steps the user's env: keep it short).
+ENV_PROBE_STEPS = 1000
+
+
+class ProbeError(RuntimeError):
+    """The env could not be timed (it raised, or did not return)."""
+
+
+def _time_env_bounded(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
+    """:func:`_time_env` in a daemon thread, given up after :data:`ENV_PROBE_TIMEOUT_S`."""
+    import threading
+
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(_time_env(factory, budget_s))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            result.append(err)
+
+    thread = threading.Thread(target=run, name="layout-env-probe", daemon=True)
+    thread.start()
+    thread.join(ENV_PROBE_TIMEOUT_S)
+    if not result:
+        raise ProbeError(f"an env step did not return within {ENV_PROBE_TIMEOUT_S:g} s")
+    if isinstance(result[0], BaseException):
+        raise ProbeError(f"the env raised {type(result[0]).__name__}: {result[0]}") from result[0]
+    return result[0]
+
+
 def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, budget_s: float = 0.4,
             hop_s: float | None = None) -> Costs:
     """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
-    wall, cpu = _time_env(factory, budget_s * 0.4)
+    wall, cpu = _time_env_bounded(factory, budget_s * 0.4)
     infer = _time_policy(engine, tuple(env_spec.obs_shape), str(env_spec.obs_dtype), budget_s * 0.3)
     loop_step, loop_env = _time_loop(env_spec, budget_s * 0.3)
     if hop_s is None:

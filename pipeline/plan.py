@@ -245,11 +245,12 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
              "inline": f"each of the {math.ceil(num_envs / per_worker)} env worker(s) (its own copy)"}[server]
     device_text = policy_device if policy_note == policy_device else f"{policy_device} ({policy_note})"
     split = ""
-    if server != "inline" and cfg.server.max_batch_size < min(per_worker, num_envs):
+    if cfg.server.max_batch_size < min(per_worker, num_envs):
         passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
         split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
     engine, engine_why = _serving_engine(cfg, policy_device)
-    batching = (f"one forward per block of up to {per_worker} rows" if server == "inline" else
+    batching = (f"one forward per block of up to {min(per_worker, cfg.server.max_batch_size)} rows{split}"
+                if server == "inline" else
                 f"batches of {cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}")
     reasons.append(("server", f"{server}: policy on {device_text} in {where}, {batching}; engine {engine_why}"))
 

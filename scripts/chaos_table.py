@@ -36,7 +36,7 @@ LAYOUTS = {
 }
 BASE = ["env.num_envs=8", "env.envs_per_worker=2", "trainer.target_return=null", "logger=jsonl",
         "logger.interval=0.5", "progress=false", "checkpoint.interval=2"]
-FAULTY = ["env.factory._target_=tests.fakes.FaultyEnvFactory"]
+FAULTY = ["env.factory._target_=tests.fakes.FaultyEnvFactory", "transport=slots"]  # faults are the workers' (no probe)
 
 
 @dataclass

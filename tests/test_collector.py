@@ -287,3 +287,21 @@ def test_inline_workers_import_torch_only_for_the_torch_engine(engine, torch_in_
         assert [_loads_torch(pid) for pid in collector.workers.pids] == [torch_in_workers] * 2
     finally:
         collector.shutdown()
+
+
+def test_inline_blocks_larger_than_max_batch_size_are_evaluated_in_slices():
+    from components.inference.loop import ServerConfig
+
+    graph = GraphSpec("thread", "inline", num_envs=5, envs_per_worker=5, chunk_len=1)
+    collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), SMALL_MLP, graph, frames_per_batch=20,
+                                      total_frames=-1, seed=0, server_config=ServerConfig(max_batch_size=2)).start()
+    try:
+        collector.server_stats()
+        batches = [collector.next_batch() for _ in range(3)]
+        with collector.pause(timeout=10):
+            stats = collector.server_stats()
+    finally:
+        collector.shutdown()
+    assert_trajectories_intact(batches)
+    assert stats["batches"] == 3 * stats["requests"], "5 rows in passes of 2, 2 and 1"
+    assert stats["avg_batch_size"] == pytest.approx(5 / 3)

@@ -88,3 +88,18 @@ def test_the_waiting_workload_mostly_waits():
         env.step(0)
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     assert wall > 0.1 and cpu < wall / 4
+
+
+def test_an_env_that_hangs_or_raises_in_the_probe_is_a_probe_error_not_a_hung_run(monkeypatch):
+    import time
+
+    from pipeline import layout
+    from tests.fakes import FaultyEnvFactory
+
+    monkeypatch.setattr(layout, "ENV_PROBE_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    with pytest.raises(layout.ProbeError, match="did not return within 1 s"):
+        layout._time_env_bounded(FaultyEnvFactory(at_step=5, fault="hang"), 0.1)
+    assert time.monotonic() - started < 5
+    with pytest.raises(layout.ProbeError, match="the env raised RuntimeError: boom at step 5"):
+        layout._time_env_bounded(FaultyEnvFactory(at_step=5, fault="raise"), 0.1)

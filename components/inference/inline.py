@@ -32,8 +32,8 @@ from components.inference.stats import STAT_KEYS
 from components.shm import FieldSpec, SharedArena
 
 #: Columns of a worker's row of the statistics table (cumulative since the run began).
-_COUNTERS = ("requests", "rows", "weight_updates", "version")
-_REQUESTS, _ROWS, _UPDATES, _VERSION = range(len(_COUNTERS))
+_COUNTERS = ("requests", "rows", "weight_updates", "version", "batches")
+_REQUESTS, _ROWS, _UPDATES, _VERSION, _BATCHES = range(len(_COUNTERS))
 #: Forward durations a worker keeps for the percentiles (a ring; the newest win).
 RING = 512
 _NAN = float("nan")
@@ -62,12 +62,13 @@ class InlineStatsTable:
         self.__dict__.update(state)
         self._bind()
 
-    def record(self, worker: int, rows: int, seconds: float) -> None:
+    def record(self, worker: int, rows: int, seconds: float, passes: int = 1) -> None:
         row = self.counters[worker]
         row[_REQUESTS] += 1
         row[_ROWS] += rows
+        row[_BATCHES] += passes
         n = int(self.written[worker])
-        self.forward[worker, n % RING] = seconds
+        self.forward[worker, n % RING] = seconds / passes
         self.written[worker] = n + 1
 
     def record_weights(self, worker: int, version: int) -> None:
@@ -93,12 +94,14 @@ class InlinePolicy:
 
     def __init__(self, worker: int, model_spec: Any, env_spec: Any, engine: str, weights: Any,
                  stats: InlineStatsTable, seed: int, launch: int = 0, threads: int | None = None,
-                 numpy_recipe: dict[str, Any] | None = None) -> None:
+                 numpy_recipe: dict[str, Any] | None = None, max_batch_size: int = 256) -> None:
         self.worker, self.model_spec, self.env_spec, self.engine_name = worker, model_spec, env_spec, engine
         self.weights, self.stats, self.seed, self.launch = weights, stats, seed, launch
         #: torch threads to set where the policy is built (None: a thread worker shares the driver's setting)
         self.threads = threads
         self.numpy_recipe = numpy_recipe
+        #: most rows in one forward pass (server.max_batch_size): a larger block is evaluated in slices
+        self.max_batch_size = max(1, int(max_batch_size))
         self._engine: Any = None
         self._model: Any = None
         self._arrays: dict[str, np.ndarray] | None = None
@@ -169,13 +172,17 @@ class InlinePolicy:
         else:
             self.poll()
         started = time.perf_counter()
-        modes = np.full(rows, mode, np.int8)
-        out = self._engine.act({"observation": observation[:rows]}, modes)
-        response = {k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()}
+        step = self.max_batch_size
+        parts = []
+        for first in range(0, rows, step):
+            n = min(step, rows - first)
+            out = self._engine.act({"observation": observation[first:first + n]}, np.full(n, mode, np.int8))
+            parts.append({k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()})
+        response = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         if self._versions.shape[0] < rows or (rows and self._versions[0] != self._version):
             self._versions = np.full(max(rows, 64), self._version, np.int64)
         response["policy_version"] = self._versions[:rows]
-        self.stats.record(self.worker, rows, time.perf_counter() - started)
+        self.stats.record(self.worker, rows, time.perf_counter() - started, len(parts))
         return response
 
 
@@ -255,10 +262,12 @@ class InlineServer:
         """Worker ``worker``'s channels, one per block, sharing one (new) policy copy."""
         if self._recipe is not None:  # numpy: the worker needs neither the model spec nor torch
             policy = InlinePolicy(worker, None, self.env_spec, "numpy", self._weights.reader(), self._stats,
-                                  int(self.config.seed or 0), self._launches[worker], numpy_recipe=self._recipe)
+                                  int(self.config.seed or 0), self._launches[worker], numpy_recipe=self._recipe,
+                                  max_batch_size=self.config.max_batch_size)
         else:
             policy = InlinePolicy(worker, self.model_spec, self.env_spec, self._engine, self._weights, self._stats,
-                                  int(self.config.seed or 0), self._launches[worker], self._threads)
+                                  int(self.config.seed or 0), self._launches[worker], self._threads,
+                                  max_batch_size=self.config.max_batch_size)
         self._launches[worker] += 1
         return [InlineChannel(policy, max(split_sizes), observation) for _ in split_sizes]
 
@@ -309,20 +318,21 @@ class InlineServer:
             forwards.append(self._stats.forward[w, idx])
         seconds = np.concatenate(forwards) if forwards else np.zeros(0)
         requests, rows = float(delta[:, _REQUESTS].sum()), float(delta[:, _ROWS].sum())
+        batches = float(delta[:, _BATCHES].sum())
         rate = 1.0 / elapsed if elapsed > 0 else 0.0
         p50, p95 = (np.percentile(seconds, [50, 95]) * 1e3).tolist() if seconds.size else (_NAN, _NAN)
         out = {
-            "requests": requests, "batches": requests, "rows": rows,
+            "requests": requests, "batches": batches, "rows": rows,
             "weight_updates": float(delta[:, _UPDATES].sum()),
-            "requests_per_s": requests * rate, "batches_per_s": requests * rate, "rows_per_s": rows * rate,
+            "requests_per_s": requests * rate, "batches_per_s": batches * rate, "rows_per_s": rows * rate,
             "interval_s": elapsed,
-            "avg_batch_size": rows / requests if requests else _NAN,
+            "avg_batch_size": rows / batches if batches else _NAN,
             "avg_requests_per_batch": 1.0 if requests else _NAN,
             # answered in the call that asked: no queue
             "queue_latency_p50_ms": 0.0 if requests else _NAN, "queue_latency_p95_ms": 0.0 if requests else _NAN,
             "forward_p50_ms": p50, "forward_p95_ms": p95,
             "policy_version": float(self.policy_version),
-            "requests_total": float(counters[:, _REQUESTS].sum()), "batches_total": float(counters[:, _REQUESTS].sum()),
+            "requests_total": float(counters[:, _REQUESTS].sum()), "batches_total": float(counters[:, _BATCHES].sum()),
             "rows_total": float(counters[:, _ROWS].sum()),
             "weight_updates_total": float(counters[:, _UPDATES].sum()),
         }

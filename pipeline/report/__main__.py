@@ -56,7 +56,8 @@ def serve(root: Path, port: int, every: float) -> None:
             except Exception as err:  # noqa: BLE001 - keep serving the last good page
                 print(f"warning: could not rebuild the report: {err}", file=sys.stderr, flush=True)
 
-    threading.Thread(target=rebuild, name="report-rebuild", daemon=True).start()
+    rebuilder = threading.Thread(target=rebuild, name="report-rebuild", daemon=True)
+    rebuilder.start()
     host, real_port = server.server_address[:2]
     print(f"serving {out} ({count} runs) at http://{host}:{real_port}/{REPORT} "
           f"(rebuilt every {every:g} s; Ctrl-C stops)", flush=True)
@@ -67,6 +68,9 @@ def serve(root: Path, port: int, every: float) -> None:
     finally:
         stop.set()
         server.server_close()
+        # Let a rebuild in progress finish: a daemon thread cut off mid-write at interpreter exit
+        # can hold a lock the exit needs (seen once: Ctrl-C did not end the server within 10 s).
+        rebuilder.join(30)
 
 
 def main(argv: list[str] | None = None) -> int:

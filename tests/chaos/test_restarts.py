@@ -105,6 +105,7 @@ def test_a_run_with_a_crashing_env_restarts_it_and_reaches_total_frames(tmp_path
     run_dir = tmp_path / "run"
     result = run_pipeline(["env.factory._target_=tests.fakes.FaultyEnvFactory", "+env.factory.at_step=300",
                            f"+env.factory.once={tmp_path / 'marker'}", "workers=process", "env.envs_per_worker=4",
+                           "transport=slots",  # no layout probe: it would step (and crash) the env first
                            "trainer.total_frames=6000", "trainer.target_return=null", "logger=jsonl",
                            "logger.interval=0.5", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

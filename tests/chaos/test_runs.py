@@ -21,7 +21,7 @@ from tests.conftest import ROOT, assert_group_gone, run_pipeline
 
 pytestmark = pytest.mark.slow
 
-FAULTY = ["env.factory._target_=tests.fakes.FaultyEnvFactory"]
+FAULTY = ["env.factory._target_=tests.fakes.FaultyEnvFactory", "transport=slots"]  # faults are the workers' (no probe)
 
 
 def _lines(text: str) -> list[str]:
