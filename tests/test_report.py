@@ -172,3 +172,20 @@ def test_a_real_sweep_report_renders_every_panel_in_a_browser(tmp_path):
     assert curves.count('class="trace scatter') == 2, "one return curve per run"
     table = dom.split('id="runs-table"', 1)[1].split("</table>", 1)[0]
     assert table.count("<tr data-status=\"finished\"") == 2
+
+
+def test_ctrl_c_stops_the_server_even_when_started_with_sigint_ignored(tmp_path):
+    """A shell starts background jobs (``cmd &``, nohup) with SIGINT ignored; the server still stops on it."""
+    root = _sweep(tmp_path / "sweep")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.report", str(root), "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert "serving" in proc.stdout.readline()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

@@ -43,7 +43,25 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM end the server cleanly, even when this process was started with them ignored.
+
+    A shell starts background jobs (``cmd &``, ``nohup``) with SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler: such a
+    server could only be killed. Found when a test's SIGINT was ignored.
+    """
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt)
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def serve(root: Path, port: int, every: float) -> None:
+    _stop_on_signals()
     out, count = write_report(root, refresh_s=every)
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
@@ -68,9 +86,7 @@ def serve(root: Path, port: int, every: float) -> None:
     finally:
         stop.set()
         server.server_close()
-        # Let a rebuild in progress finish: a daemon thread cut off mid-write at interpreter exit
-        # can hold a lock the exit needs (seen once: Ctrl-C did not end the server within 10 s).
-        rebuilder.join(30)
+        rebuilder.join(30)  # a rebuild in progress finishes its write
 
 
 def main(argv: list[str] | None = None) -> int:
