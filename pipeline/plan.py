@@ -56,15 +56,16 @@ class Plan:
     storing_device: str = "cpu"
     frame_dedup: bool | None = None
     reasons: tuple[tuple[str, str], ...] = field(default=())
+    #: the first line of the printed plan when the envs are not in local workers (workers=ray)
+    envs_line: str | None = None
 
     def reason(self, key: str) -> str:
         return dict(self.reasons).get(key, "")
 
     def lines(self) -> list[str]:
         g = self.graph
-        out = [
-            f"envs      {g.num_envs} in {g.num_workers} {g.workers} worker(s) of up to {g.envs_per_worker}",
-        ]
+        out = [self.envs_line or
+               f"envs      {g.num_envs} in {g.num_workers} {g.workers} worker(s) of up to {g.envs_per_worker}"]
         out += [f"{key:<9} {text}" for key, text in self.reasons]
         return out
 
@@ -185,6 +186,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     workers = str(cfg.workers.backend)
     transport = str(cfg.transport.kind)
     server = str(cfg.server.backend)
+    if workers == "ray":  # each env host is a thread worker with an inline policy copy (pipeline/ray_plan.py)
+        workers, server = "thread", "inline"
     num_envs = int(cfg.env.num_envs)
     frames_per_batch = int(cfg.trainer.frames_per_batch)
     reasons: list[tuple[str, str]] = []

@@ -100,7 +100,7 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     None when nothing is left to choose (``server=inline`` or ``transport=slots``)
     or the probe fails: the plan then falls back to its rule and says so.
     """
-    if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline":
+    if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
         return None
     from pipeline.layout import probe_for_config
     from pipeline.plan import _device, _serving_engine
@@ -193,6 +193,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     """
     previous = catch_signals()
     claimed = False
+    cluster = None
     try:
         raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
         sweep_stale_semaphores()  # what runs killed during their start-up left in /dev/shm
@@ -209,6 +210,9 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         plan = resolve_plan(cfg, machine, env_spec, layout_costs(cfg, env_factory, env_spec, machine))
         if preset:
             plan = replace(plan, reasons=(*plan.reasons, ("preset", preset)))
+        hosts = None
+        if str(cfg.workers.backend) == "ray":
+            cluster, plan, hosts = connect_ray(cfg, plan, machine)
         check_budgets(cfg, plan, env_spec, run_dir)
         raise_if_pending()
         resume = cfg.resume is not None
@@ -218,7 +222,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
             write_hydra_files(run_dir, *hydra_files)
         print(plan, flush=True)
         job = JobInfo(list(hydra_files[2]) if hydra_files is not None else [], sweep_group)
-        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous, job)
+        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous, job, (cluster, hosts))
     except (KeyboardInterrupt, Interrupted) as err:  # before training started: nothing to keep
         if claimed:
             _unclaim(cfg, run_dir)
@@ -229,8 +233,31 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
             _unclaim(cfg, run_dir)
         raise
     finally:
+        if cluster is not None:
+            cluster.close()  # a cluster started here is shut down; a joined one is left as it was
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def connect_ray(cfg: DictConfig, plan: Plan, machine: Machine) -> tuple[Any, Plan, Any]:
+    """Reach the cluster ``ray.address`` names and plan the env hosts on it (a failure is one line)."""
+    from components.ray.cluster import RayCluster, RayUnavailable
+    from pipeline.ray_plan import ray_plan
+
+    r = cfg.ray
+    cluster = RayCluster(str(r.address), num_cpus=machine.cpus,
+                         runtime_env=OmegaConf.to_container(r.runtime_env, resolve=True) if r.runtime_env else None,
+                         object_store_memory=r.object_store_memory)
+    try:
+        cluster.connect()
+        plan, hosts = ray_plan(cfg, plan, cluster)
+    except RayUnavailable as err:
+        cluster.close()
+        raise ConfigError(str(err)) from None
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, plan, hosts
 
 
 def _unclaim(cfg: DictConfig, run_dir: Path) -> None:
@@ -250,7 +277,7 @@ class JobInfo:
 
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
-           resume: bool, previous: dict[int, Any], job: JobInfo) -> int:
+           resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None)) -> int:
     torch.set_num_threads(int(cfg.torch_threads))
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
@@ -277,19 +304,30 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     # A resumed run gets fresh env seeds: replaying the first episodes again would bias the data.
     env_seed = int(np.random.SeedSequence([int(cfg.seed), start_frames]).generate_state(1)[0]) if resume \
         else int(cfg.seed)
-    collector = AsyncBatchedCollector(
-        env_factory, model_spec, plan.graph,
+    common: dict[str, Any] = dict(
         frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames, initial_frames=start_frames,
         seed=env_seed, server_config=plan.server, env_spec=env_spec,
         replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
         policy_version=trainer.policy_version, stall_timeout=c.stall_timeout,
         step_timeout=cfg.workers.step_timeout, max_restarts=int(cfg.workers.max_restarts),
-        restart_window=float(cfg.workers.restart_window), server_restarts=int(cfg.server.max_restarts),
-        skip_non_finite=algo.nan_policy == "skip",
-        yield_completed_trajectories=bool(c.yield_completed_trajectories),
-        reset_at_each_iter=bool(c.reset_at_each_iter), post_collect_hook=hook,
+        restart_window=float(cfg.workers.restart_window), skip_non_finite=algo.nan_policy == "skip",
+        yield_completed_trajectories=bool(c.yield_completed_trajectories), post_collect_hook=hook,
         driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
     )
+    cluster, hosts = ray_hosts
+    if hosts is not None:
+        from components.ray.collector import RayCollector
+
+        from pipeline.ray_plan import placement_lines
+
+        def placed(where: list[dict[str, Any]]) -> None:
+            print("\n".join(["ray hosts:", *placement_lines(where, cluster.nodes())]), flush=True)
+
+        collector: Any = RayCollector(env_factory, model_spec, hosts, cluster, **common, on_start=placed)
+    else:
+        collector = AsyncBatchedCollector(env_factory, model_spec, plan.graph, **common,
+                                          server_restarts=int(cfg.server.max_restarts),
+                                          reset_at_each_iter=bool(c.reset_at_each_iter))
     # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     resolved = OmegaConf.to_container(cfg, resolve=True)

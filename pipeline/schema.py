@@ -53,7 +53,7 @@ class ModelSchema:
 
 @dataclass
 class WorkersSchema:
-    #: thread (in the driver) or process (spawned, one per block)
+    #: thread (in the driver), process (spawned, one per block) or ray (env hosts on a Ray cluster, see ray.*)
     backend: str = "thread"
     #: blocks a worker steps alternately, one request each (2: double-buffered)
     splits: int = 1
@@ -211,6 +211,35 @@ class SweepSchema:
 
 
 @dataclass
+class RaySchema:
+    """Where env hosts run with ``workers=ray`` (ignored otherwise)."""
+
+    #: local (start a loopback-only cluster in this process), auto (join the cluster of this machine or
+    #: RAY_ADDRESS), host:port (a cluster's GCS) or ray://host:port (Ray Client)
+    address: str = "local"
+    #: env-host actors (null: one per num_cpus_per_actor CPUs of the cluster, at most num_envs)
+    num_actors: int | None = None
+    #: CPUs each env host reserves (its envs and its copy of the policy run in them)
+    num_cpus_per_actor: float = 1.0
+    #: custom resources each env host needs, e.g. {env_node: 1} to place hosts on nodes that offer it
+    resources: dict[str, float] = field(default_factory=dict)
+    #: SPREAD (hosts on as many nodes as possible) or DEFAULT (Ray packs them)
+    scheduling: str = "SPREAD"
+    #: env steps per chunk (null: at least 64 transitions per chunk, frames_per_batch // num_envs when larger)
+    chunk_len: int | None = None
+    #: chunk requests each host has outstanding (backpressure: more hides latency, adds policy lag)
+    in_flight: int = 2
+    #: how a host steps its envs: thread (one worker thread) or process (one worker process per CPU)
+    local_workers: str = "thread"
+    #: seconds to start every env host (placement included) before the run fails
+    start_timeout: float = 120.0
+    #: Ray runtime_env for the hosts (e.g. {working_dir: .} when the cluster's nodes lack this project)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    #: object store bytes of a cluster this run starts (null: Ray's default)
+    object_store_memory: int | None = None
+
+
+@dataclass
 class Config:
     env: EnvSchema = MISSING
     model: ModelSchema = MISSING
@@ -235,6 +264,8 @@ class Config:
     resume: str | None = None
     #: what a multirun job reports back
     sweep: SweepSchema = field(default_factory=SweepSchema)
+    #: env hosts on a Ray cluster (workers=ray)
+    ray: RaySchema = field(default_factory=RaySchema)
 
 
 def register() -> None:

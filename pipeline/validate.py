@@ -114,6 +114,29 @@ def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, chec
         raise ConfigError(f"{key}: {_first_line(str(err))}") from None
 
 
+def _validate_ray(cfg: DictConfig) -> None:
+    """``ray.*`` (only read with ``workers=ray``), and Ray itself: a missing extra is one line, not a traceback."""
+    address = str(_get(cfg, "ray.address"))
+    if not address or not (address in ("local", "auto") or address.startswith("ray://") or ":" in address):
+        raise ConfigError(f"ray.address={address!r}: must be local, auto, host:port or ray://host:port")
+    if _get(cfg, "ray.num_actors") is not None:
+        _check(cfg, "ray.num_actors", lambda v: v >= 1, ">= 1 (or null: one per ray.num_cpus_per_actor CPUs)")
+    _check(cfg, "ray.num_cpus_per_actor", lambda v: v > 0, "> 0")
+    if _get(cfg, "ray.chunk_len") is not None:
+        _check(cfg, "ray.chunk_len", lambda v: v >= 1, ">= 1 (or null: auto)")
+    _check(cfg, "ray.in_flight", lambda v: v >= 1, ">= 1")
+    _check(cfg, "ray.start_timeout", lambda v: v > 0, "> 0 seconds")
+    _one_of(cfg, "ray.local_workers", ("thread", "process"))
+    _one_of(cfg, "ray.scheduling", ("SPREAD", "DEFAULT"))
+    if _get(cfg, "collector.reset_at_each_iter"):
+        raise ConfigError("collector.reset_at_each_iter=true: not available with workers=ray (hosts run ahead "
+                          "of the batches the driver cuts)")
+    from components.ray.cluster import INSTALL_HINT, ray_installed
+
+    if not ray_installed():
+        raise ConfigError(INSTALL_HINT)
+
+
 def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_env: bool) -> None:
     positive = (lambda v: v >= 1, ">= 1")
     non_negative = (lambda v: v >= 0, ">= 0")
@@ -159,8 +182,10 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             raise ConfigError("model.obs_norm=true: implemented for actor-critics (trainer=ppo), not Q-networks")
 
     # workers / transport / server
-    _one_of(cfg, "workers.backend", ("thread", "process"))
+    _one_of(cfg, "workers.backend", ("thread", "process", "ray"))
     workers_backend = get("workers.backend")
+    if workers_backend == "ray":
+        _validate_ray(cfg)
     affinity = get("workers.affinity")
     if affinity is not None:
         if workers_backend != "process":

@@ -79,6 +79,20 @@ def run_pipeline(args: list[str], cwd: Path, timeout: float = 180.0, env: dict |
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def wait_for_training(proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Read ``proc``'s stdout until its first ``frames`` row; kill its group and fail if none comes."""
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("frames "):
+            return
+        if not line and proc.poll() is not None:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"the run never started training: {proc.stderr.read() if proc.stderr else ''}")
+
+
 def group_alive(pgid: int) -> list[int]:
     """PIDs still alive in process group ``pgid`` (zombies excluded)."""
     alive = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, assert_group_gone, group_alive, run_pipeline
+from tests.conftest import ROOT, assert_group_gone, group_alive, run_pipeline, wait_for_training
 
 pytestmark = pytest.mark.slow
 
@@ -141,23 +141,10 @@ def _start(args: list[str], run_dir: Path) -> subprocess.Popen:
     )
 
 
-def _wait_for_training(proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("frames "):
-            return
-        if not line and proc.poll() is not None:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("the run never started training")
-
-
 def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
     run_dir = tmp_path / "interrupted"
     proc = _start(["workers=process"], run_dir)
-    _wait_for_training(proc)
+    wait_for_training(proc)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     sent = time.monotonic()
     proc.communicate(timeout=30)
@@ -171,7 +158,7 @@ def test_ctrl_c_stops_cleanly_within_seconds_and_keeps_a_checkpoint(tmp_path):
 
 def test_sigkill_of_the_runner_leaves_no_orphan_processes(tmp_path):
     proc = _start(["workers=process", "server=process", "transport=slots", "logger=jsonl"], tmp_path / "killed")
-    _wait_for_training(proc)
+    wait_for_training(proc)
     children = [pid for pid in group_alive(proc.pid) if pid != proc.pid]
     assert len(children) >= 3, "worker and server processes are running"
     os.kill(proc.pid, signal.SIGKILL)

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from components.collector.assembly import BatchAssembler, TrajectoryAssembler, nest
+from components.collector.assembly import BatchAssembler, nest
 from components.collector.chunks import ChunkPool
 from components.collector.graph import GraphSpec
 from components.collector.monitor import CollectorError, GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
 from components.collector.restarts import WorkerRestarts
 from components.collector.worker import PAUSED, RUNNING, WorkerControl, transition_fields
-from components.collector.writer import ReplayWriter
+from components.collector.stream import BatchStream
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.inline import InlineServer
 from components.inference.loop import ServerConfig
@@ -46,7 +46,7 @@ __all__ = ["AsyncBatchedCollector", "CollectorError", "GraphSpec"]
 _POLL_S = 0.25
 
 
-class AsyncBatchedCollector:
+class AsyncBatchedCollector(BatchStream):
     """Iterates dense TensorDict batches of exactly ``frames_per_batch`` transitions.
 
     Every transition carries ``env_index`` and ``env_step`` (contiguous per
@@ -116,37 +116,29 @@ class AsyncBatchedCollector:
         post_collect_hook: Callable[[Any], None] | None = None,
         driver_affinity: Sequence[int] | None = None,
     ) -> None:
-        if frames_per_batch < 1:
-            raise ValueError(f"frames_per_batch must be >= 1, got {frames_per_batch}")
-        if total_frames < -1 or total_frames == 0:
-            raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames}")
+        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, initial_frames=initial_frames,
+                         replay_buffer=replay_buffer, postproc=postproc, on_batch=on_batch,
+                         yield_completed_trajectories=yield_completed_trajectories,
+                         post_collect_hook=post_collect_hook,
+                         writer_affinity=list(driver_affinity) if driver_affinity else None)
         if stall_timeout is not None and stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be > 0 or None, got {stall_timeout}")
         problem = graph.chunk_budget_problem(frames_per_batch)
         if problem is not None:
             raise ValueError(f"chunks_per_worker={graph.chunks_per_worker}: {problem}")
         self.graph = graph
-        self.frames_per_batch = frames_per_batch
-        self.total_frames = total_frames
         self.env_factory = env_factory
         self.model_spec = model_spec
         self.interaction_mode = InteractionMode.parse(interaction_mode)
         self.server_config = server_config or ServerConfig()
         self.env_spec = env_spec or probe_env_spec(env_factory)
-        self.replay_buffer = replay_buffer
         self.storing_device = torch.device(storing_device)
         self.reset_at_each_iter = reset_at_each_iter
-        self.post_collect_hook = post_collect_hook
         self.start_timeout = 120.0
         self._seed = seed
         self.skip_non_finite = bool(skip_non_finite)
         self._initial_version = int(policy_version)
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
-        self._trajectories = TrajectoryAssembler(frames_per_batch) if yield_completed_trajectories else None
-        self._writer = ReplayWriter(replay_buffer, postproc, on_batch, self._driver_affinity)
-        self._frames = int(initial_frames)  # a resumed run counts on from its checkpoint
-        self._started = self._closed = False
-        self._iter_lock = threading.Lock()
         self._mp = mp.get_context("spawn")
         self._server_lock = threading.RLock()  # a server restart vs. a weights push from another thread
         self._build(stall_timeout, step_timeout)
@@ -279,34 +271,6 @@ class AsyncBatchedCollector:
         self._writer.join(timeout)
         self.server.shutdown(timeout)
 
-    def __enter__(self) -> AsyncBatchedCollector:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.shutdown(timeout=1.0)
-
-    # ----------------------------------------------------------------- writer
-    @property
-    def writing(self) -> bool:
-        """Whether the replay writer is still collecting."""
-        return self._writer.alive
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def set_on_batch(self, on_batch: Callable[[Any], None] | None) -> None:
-        """What the replay writer calls after each write (before :meth:`start`)."""
-        self._writer.on_batch = on_batch
-
-    def check_writer(self) -> None:
-        """Raise the replay writer's error, if it stopped with one."""
-        self._writer.check()
-
     # ------------------------------------------------------------- iteration
     def _next_chunk(self) -> int:
         waiting_since = time.monotonic()
@@ -320,11 +284,6 @@ class AsyncBatchedCollector:
             if self._control.pause[0]:
                 waiting_since = time.monotonic()  # a pause is not a stall
             self._monitor.check_stall(waiting_since)
-
-    @property
-    def frames(self) -> int:
-        """Frames collected so far."""
-        return self._frames
 
     def next_batch(self, frames: int | None = None) -> Any:
         """Assemble the next batch of ``frames`` transitions (default ``frames_per_batch``)."""
@@ -340,30 +299,6 @@ class AsyncBatchedCollector:
             self._control.reset_epoch[0] += 1
         batch = TensorDict(nest(flat), batch_size=[n])
         return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)
-
-    def _batches(self) -> Iterator[Any]:
-        """Batches (or trajectory groups) until ``total_frames``, each shown to the hook."""
-        while self.total_frames < 0 or self._frames < self.total_frames:
-            left = self.frames_per_batch if self.total_frames < 0 else self.total_frames - self._frames
-            batch = self.next_batch(min(self.frames_per_batch, left))
-            if self._trajectories is not None:
-                batch = self._trajectories.add(batch)
-                if batch is None:
-                    continue
-            if self.post_collect_hook is not None:
-                self.post_collect_hook(batch)
-            yield batch
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.replay_buffer is not None:
-            raise RuntimeError("this collector writes to its replay buffer; sample the buffer instead of iterating")
-        if not self._iter_lock.acquire(blocking=False):
-            raise RuntimeError("the collector is already being iterated")
-        try:
-            self.start()
-            yield from self._batches()
-        finally:
-            self._iter_lock.release()
 
     # ---------------------------------------------------------------- control
     def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor],

@@ -8,6 +8,9 @@ warm-up that is not timed, then counts frames for ``seconds``:
   the consumer only takes batches (no training). ``ours:auto`` runs the
   layout ``transport=auto`` picks for the workload (probed and predicted
   in the trial, see :mod:`pipeline.layout`).
+* ``ours:ray``: env hosts on a Ray cluster started in the trial (127.0.0.1,
+  one host per CPU, :mod:`components.ray`), chunks through the object store;
+  set against the local process layout it is the cost of going through Ray.
 * ``gym_sync`` / ``gym_async``: a gymnasium ``SyncVectorEnv`` /
   ``AsyncVectorEnv(shared_memory=True)`` loop, one batched forward per step.
 * ``torchrl_auto`` / ``torchrl_driver``: TorchRL's ``AsyncBatchedCollector``
@@ -125,12 +128,35 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
                      chunk_len=chunk_len, splits=int(splits), worker_nice=nice)
 
 
+def _ray_collector(workload: dict[str, Any], num_envs: int, server: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """``ours:ray``: a local loopback cluster, one env host per CPU, the runner's auto chunk size."""
+    from components.ray.cluster import RayCluster
+    from components.ray.collector import RayCollector, RayHostsSpec, auto_chunk_len
+
+    cluster = RayCluster("local", num_cpus=CPUS).connect()
+    hosts = max(1, min(num_envs, CPUS))
+    spec = RayHostsSpec(num_envs, hosts, auto_chunk_len(num_envs, hosts, int(workload["frames_per_batch"])))
+    collector = RayCollector(_factory(workload), _model_spec(workload), spec, cluster,
+                             frames_per_batch=int(workload["frames_per_batch"]), total_frames=-1, seed=0,
+                             server_config=server)
+    graph = {"workers": "ray", "server": "inline", "hosts": hosts, "envs_per_host": spec.rows[0],
+             "chunk_len": spec.chunk_len, "in_flight": spec.in_flight}
+    return collector, cluster, graph
+
+
 def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
     from components.collector.collector import AsyncBatchedCollector
     from components.inference.loop import ServerConfig
 
     frames_per_batch = int(workload["frames_per_batch"])
     choice: dict[str, Any] = {}
+    if name == "ours:ray":
+        server = ServerConfig(max_batch_size=max(num_envs, 1), min_batch_size=1, seed=0, device="cpu")
+        collector, cluster, graph_info = _ray_collector(workload, num_envs, server)
+        try:
+            return _measure(collector, warmup, seconds, graph_info, choice)
+        finally:
+            cluster.close()
     if name == "ours:auto":
         graph, layout, costs = auto_graph(workload, num_envs, frames_per_batch)
         choice = {"choice": layout.describe(num_envs), "predicted_fps": layout.predicted_fps,
@@ -152,6 +178,12 @@ def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float,
     collector = AsyncBatchedCollector(_factory(workload), _model_spec(workload), graph,
                                       frames_per_batch=frames_per_batch, total_frames=-1, seed=0,
                                       server_config=server)
+    return _measure(collector, warmup, seconds, graph.__dict__, choice)
+
+
+def _measure(collector: Any, warmup: float, seconds: float, graph: dict[str, Any],
+             choice: dict[str, Any]) -> dict[str, Any]:
+    """Frames a collector delivers in ``seconds`` after ``warmup``, with its statistics; shuts it down."""
     try:
         collector.start()
 
@@ -167,7 +199,7 @@ def _run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float,
     finally:
         collector.shutdown()
     return {
-        "frames": frames, "seconds": elapsed, "graph": graph.__dict__, **choice,
+        "frames": frames, "seconds": elapsed, "graph": graph, **choice,
         "server_avg_batch_size": stats.get("avg_batch_size"), "server_forward_p50_ms": stats.get("forward_p50_ms"),
         "worker_env_frac": workers.get("env_frac"), "worker_infer_wait_frac": workers.get("infer_wait_frac"),
         "worker_chunk_wait_frac": workers.get("chunk_wait_frac"),

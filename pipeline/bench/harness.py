@@ -46,6 +46,8 @@ def resolve_contenders(cfg: dict[str, Any]) -> list[str]:
         return OURS + BASELINES + TORCHRL
     if chosen == "default":
         extra = ["torchrl_auto"] if int(cfg["num_envs"]) <= DEFAULT_TORCHRL_MAX_ENVS else []
+        if importlib.util.find_spec("ray") is not None:
+            extra.insert(0, "ours:ray")  # next to ours:process/none/inline/auto: what going through Ray costs
         return DEFAULT + extra
     return list(chosen)
 
@@ -67,7 +69,7 @@ def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, An
     from pipeline.bench.contenders import ours_graph
     from pipeline.layout import Layout, predict
 
-    if not contender.startswith("ours:"):
+    if not contender.startswith("ours:") or contender == "ours:ray":
         return None
     if contender == "ours:auto":
         graph = result.get("graph")

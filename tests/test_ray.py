@@ -1,0 +1,189 @@
+"""workers=ray: env hosts on a Ray cluster (two loopback nodes started here), faults, clean exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components.ray.collector import RayHostsSpec, split_envs
+from pipeline.validate import ConfigError, validate
+from tests.conftest import ROOT, compose, run_pipeline, wait_for_training
+
+# Before Ray is imported: a single-machine cluster advertises and binds 127.0.0.1 only; no usage stats.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+
+SOLVE = ["workers=ray", "trainer.total_frames=150000", "progress=false", "logger=jsonl", "logger.interval=0.5"]
+
+
+def _ray_pids(name: str) -> set[int]:
+    """PIDs whose command line names ``name`` (raylet, gcs_server, ray::EnvHost)."""
+    out = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
+    return {int(p) for p in out}
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[str]:
+    """A two-node Ray cluster on 127.0.0.1 (1 CPU each, no dashboard); torn down with nothing left running."""
+    from ray.cluster_utils import Cluster
+
+    before = _ray_pids("raylet") | _ray_pids("gcs_server")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes(timeout=60)
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+        deadline = time.monotonic() + 20
+        while (_ray_pids("raylet") | _ray_pids("gcs_server")) - before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = (_ray_pids("raylet") | _ray_pids("gcs_server")) - before
+        assert not left, f"the cluster left processes running: {left}"
+
+
+def test_envs_split_over_hosts_and_the_spec_checks_its_values():
+    assert split_envs(8, 2) == [4, 4] and split_envs(7, 3) == [3, 2, 2]
+    spec = RayHostsSpec(7, 3, 16)
+    assert spec.first_envs() == [0, 3, 5] and spec.chunk_frames() == [48, 32, 32]
+    with pytest.raises(ValueError, match="num_envs=2"):
+        RayHostsSpec(2, 3, 16)
+    with pytest.raises(ValueError, match="local_workers"):
+        RayHostsSpec(4, 2, 16, local_workers="fiber")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("ray.address=nowhere", "ray.address='nowhere': must be local, auto, host:port or ray://host:port"),
+    ("ray.in_flight=0", "ray.in_flight"),
+    ("ray.local_workers=fiber", "ray.local_workers"),
+    ("collector.reset_at_each_iter=true", "not available with workers=ray"),
+])
+def test_bad_ray_settings_are_one_line_config_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate(compose("workers=ray", override), cuda_available=False)
+
+
+def test_without_the_extra_a_user_gets_one_line_saying_how_to_install_it(tmp_path):
+    # sys.modules["ray"] = None: what an environment without Ray looks like to importlib
+    code = ("import sys, runpy; sys.modules['ray'] = None; sys.argv = ['pipeline', 'workers=ray', "
+            f"'hydra.run.dir={tmp_path / 'run'}']; runpy.run_module('pipeline', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "config error: workers=ray needs the ray extra: pip install -e '.[ray]' (Ray >= 2.60)"
+
+
+def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(tmp_path):
+    done = run_pipeline(["workers=ray", "ray.address=127.0.0.1:1", f"hydra.run.dir={tmp_path / 'run'}"],
+                        cwd=tmp_path, timeout=180)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("config error: ray.address='127.0.0.1:1': cannot connect")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
+    before = _ray_pids("raylet") | _ray_pids("gcs_server")
+    run_dir = tmp_path / "local"
+    done = run_pipeline([*SOLVE, "ray.address=local", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "started here (127.0.0.1 only" in done.stdout and "target_return" in done.stdout
+    deadline = time.monotonic() + 15
+    while (_ray_pids("raylet") | _ray_pids("gcs_server")) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (_ray_pids("raylet") | _ray_pids("gcs_server")) - before
+
+
+def test_cartpole_is_solved_with_env_hosts_on_both_nodes_of_a_cluster(two_nodes, tmp_path):
+    run_dir = tmp_path / "two-nodes"
+    done = run_pipeline([*SOLVE, f"ray.address={two_nodes}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "joined" in done.stdout and "2 node(s)" in done.stdout
+    rows = _rows(run_dir)
+    assert rows[-1]["summary"]["stop_reason"] == "target_return"
+    last = [r for r in rows if "summary" not in r][-1]
+    per_node = {k: v for k, v in last.items() if k.startswith("collector/ray/node_frames/")}
+    assert len(per_node) == 2 and all(v > 0 for v in per_node.values()), per_node
+    assert sum(per_node.values()) >= last["frames"] - 2 * 2 * 64  # what was still in flight or unassembled
+    versions = [r["collector/policy_version"] for r in rows if "collector/policy_version" in r]
+    assert versions == sorted(versions) and versions[-1] > 10
+    deadline = time.monotonic() + 10
+    while _ray_pids("ray::EnvHost") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ray_pids("ray::EnvHost"), "the run's env hosts outlived it"
+
+
+def _start(args: list[str], run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args, "trainer.total_frames=100000000",
+                             "trainer.target_return=null", "progress=false", "logger=jsonl", "logger.interval=0.5",
+                             f"hydra.run.dir={run_dir}"],
+                            cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_a_killed_env_host_fails_the_run_in_one_line_within_seconds(two_nodes, tmp_path):
+    proc = _start(["workers=ray", f"ray.address={two_nodes}", "workers.max_restarts=0"], tmp_path / "killed")
+    try:
+        wait_for_training(proc)
+        hosts = sorted(_ray_pids("ray::EnvHost"))
+        assert len(hosts) == 2, hosts
+        os.kill(hosts[0], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 1, f"exit {proc.returncode} {took:.1f} s after the kill: {err[-3000:]}"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ray worker ") and "its actor died" in last, err[-3000:]
+    assert took < 5.0, f"the run noticed the dead host after {took:.1f} s"
+
+
+def test_a_killed_env_host_is_restarted_and_the_run_goes_on(two_nodes, tmp_path):
+    run_dir = tmp_path / "restarted"
+    proc = _start(["workers=ray", f"ray.address={two_nodes}", "workers.max_restarts=2"], run_dir)
+    try:
+        wait_for_training(proc)
+        victim = sorted(_ray_pids("ray::EnvHost"))[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        restarted = False
+        while time.monotonic() < deadline and not restarted:
+            time.sleep(0.5)
+            rows = [r for r in _rows(run_dir) if "summary" not in r] if (run_dir / "metrics.jsonl").exists() else []
+            restarted = any(r.get("collector/worker_restarts", 0) >= 1 for r in rows)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert restarted, "no restart was logged within 60 s"
+        frames_then = rows[-1]["frames"]
+        time.sleep(3)
+        rows = [r for r in _rows(run_dir) if "summary" not in r]
+        assert rows[-1]["frames"] > frames_then, "collection did not go on after the restart"
+        assert victim not in _ray_pids("ray::EnvHost") and len(_ray_pids("ray::EnvHost")) == 2
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "restarting it with fresh envs" in out
+    deadline = time.monotonic() + 10
+    while _ray_pids("ray::EnvHost") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ray_pids("ray::EnvHost"), "SIGTERM left env hosts running on the cluster"
+
