@@ -98,12 +98,14 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference: bool, env: dict[str, str]) -> dict:
+def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference: bool, env: dict[str, str],
+             extra: list[str] | None = None) -> dict:
     results = {}
+    overrides = [*case.overrides, *(extra or [])]
     eval_every = max(1, frames // 10)
     ours_dir = out / name / f"ours-seed{seed}"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pipeline", *case.overrides, f"seed={seed}",
+    done = subprocess.run([sys.executable, "-m", "pipeline", *overrides, f"seed={seed}",
                            f"trainer.total_frames={frames}", "trainer.target_return=null",
                            f"trainer.eval_interval={eval_every}", "logger=jsonl", "progress=false",
                            f"hydra.run.dir={ours_dir}"], cwd=out, env=env, capture_output=True, text=True)
@@ -119,7 +121,7 @@ def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "pipeline.bench.reference_ppo", "--env-id", case.env_id,
                                "--seed", str(seed), "--total-frames", str(frames),
-                               *reference_args(_compose(case.overrides)), "--out", str(ref_dir)],
+                               *reference_args(_compose(overrides)), "--out", str(ref_dir)],
                               cwd=out, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{name} seed {seed} (reference) exited {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -138,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=None, help="override every case's budget (quick runs)")
     parser.add_argument("--no-reference", action="store_true", help="only the pipeline")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/bench-learn/<time>")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every case, given to both implementations (repeatable), "
+                             "e.g. --set trainer.anneal_lr=true")
     args = parser.parse_args(argv)
     unknown = [c for c in args.cases if c not in SUITE]
     if unknown:
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         case = SUITE[name]
         frames = args.frames or case.frames
         print(f"{name}: {case.env_id}, {frames:,} frames, {args.seeds} seed(s) ({case.notes})", flush=True)
-        per_seed = [run_case(name, case, seed, frames, out, not args.no_reference, env) for seed in range(args.seeds)]
+        per_seed = [run_case(name, case, seed, frames, out, not args.no_reference, env, args.extra) for seed in range(args.seeds)]
         for impl in ("ours", "reference"):
             runs = [r[impl] for r in per_seed if impl in r]
             if not runs:
