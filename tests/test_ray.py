@@ -26,9 +26,19 @@ SOLVE = ["workers=ray", "trainer.total_frames=150000", "progress=false", "logger
 
 
 def _ray_pids(name: str) -> set[int]:
-    """PIDs whose command line names ``name`` (raylet, gcs_server, ray::EnvHost)."""
-    out = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
-    return {int(p) for p in out}
+    """PIDs of live processes whose command line contains ``name`` (raylet, gcs_server, ray::EnvHost)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if name in cmdline and state != "Z":
+            found.add(int(entry.name))
+    return found
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -187,3 +197,38 @@ def test_a_killed_env_host_is_restarted_and_the_run_goes_on(two_nodes, tmp_path)
         time.sleep(0.2)
     assert not _ray_pids("ray::EnvHost"), "SIGTERM left env hosts running on the cluster"
 
+
+
+def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_path):
+    proc = _start(["workers=ray", f"ray.address={two_nodes}"], tmp_path / "sigkilled")
+    try:
+        wait_for_training(proc)
+        assert len(_ray_pids("ray::EnvHost")) == 2
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    deadline = time.monotonic() + 30
+    while _ray_pids("ray::EnvHost") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ray_pids("ray::EnvHost"), "the hosts of a SIGKILLed driver outlived it by 30 s"
+
+
+def test_the_benchmark_measures_ours_ray_and_the_scaling_model_reads_its_report(tmp_path):
+    out = tmp_path / "bench"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench", "contenders=[ours:ray]", "repeats=1",
+                           "seconds=1", "warmup=0.5", "num_envs=8", f"hydra.run.dir={out}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "bench_cartpole.json").read_text())
+    trial = [t for t in report["trials"] if t["contender"] == "ours:ray"][0]
+    assert trial["ok"] and trial["fps"] > 0 and trial["graph"]["workers"] == "ray"
+    assert trial["ray_driver_us_per_frame"] > 0 and trial["ray_bytes_per_frame"] > 0
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench.ray_scale", str(out / "bench_cartpole.json"),
+                           "--nodes", "1", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
+    assert len(rows) == 2 and all(("hosts" in r) or ("driver" in r) or ("network" in r) for r in rows)

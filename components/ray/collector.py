@@ -186,6 +186,11 @@ class RayCollector(BatchStream):
         self._pending: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._pending_frames = 0
         self._paused = False
+        # what bounds one driver: its CPU per chunk received and batch cut, bytes per transition, broadcasts
+        self._driver_cpu_s = 0.0
+        self._chunk_bytes = self._chunk_frames = 0
+        self._broadcast_s: list[float] = []
+        self._mark = (0.0, 0)  # (driver CPU, frames) at the last worker_stats read
         self._lock = threading.RLock()  # the replay writer receives while the trainer publishes or pauses
         self._restart_times: dict[int, list[float]] = {}
         self.restarts = 0
@@ -328,8 +333,15 @@ class RayCollector(BatchStream):
                 raise CollectorError(f"no chunk from any ray worker for {self.stall_timeout:g} s "
                                      f"(collector.stall_timeout); hosts {hosts}")
             return
+        cpu = time.thread_time()
+        try:
+            self._take_ready(ready[0])
+        finally:
+            self._driver_cpu_s += time.thread_time() - cpu
+
+    def _take_ready(self, done: Any) -> None:
         with self._lock:
-            i = self._owner.get(ready[0])
+            i = self._owner.get(done)
             if i is None:
                 return  # a failed host's call, already written off
             host = self._hosts[i]
@@ -343,7 +355,7 @@ class RayCollector(BatchStream):
                     self._host_failed(i, err)
                     return
                 self._take_chunk(host, seq, fields, stats)
-                if ref == ready[0]:
+                if ref == done:
                     break
             self._top_up()
 
@@ -355,6 +367,8 @@ class RayCollector(BatchStream):
             fields["env_step"] = fields["env_step"] + host.step_offset
         host.last_step = max(host.last_step, int(fields["env_step"].max()))
         n = len(fields["env_index"])
+        self._chunk_bytes += sum(v.nbytes for v in fields.values())
+        self._chunk_frames += n
         self._pending.append(fields)
         self._pending_frames += n
         self.node_frames[host.node_label] = self.node_frames.get(host.node_label, 0) + n
@@ -400,6 +414,7 @@ class RayCollector(BatchStream):
             if self._closed:
                 raise CollectorError("the collector was shut down")
             self._receive()
+        cpu = time.thread_time()
         parts, taken = [], 0
         while taken < n:
             chunk = self._pending[0]
@@ -418,6 +433,7 @@ class RayCollector(BatchStream):
         self._frames += n
         flat = {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
         batch = TensorDict(nest(flat), batch_size=[n])
+        self._driver_cpu_s += time.thread_time() - cpu
         return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)
 
     # ------------------------------------------------------------- control
@@ -428,12 +444,14 @@ class RayCollector(BatchStream):
     def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor],
                                version: int | None = None) -> int:
         """Publish weights labelled ``version`` (default: the last + 1) to every host; returns it."""
+        started = time.perf_counter()
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         version = self._version + 1 if version is None else int(version)
         self._publish(numpy_weights(state), version)
         if self._started and not self._closed:
             for host in self._hosts:
                 host.actor.set_weights.remote(self._weights_ref, version)  # errors surface with its next chunk
+        self._broadcast_s.append(time.perf_counter() - started)
         return version
 
     @property
@@ -456,6 +474,16 @@ class RayCollector(BatchStream):
         if fracs:
             out["bound"] = max(fracs, key=fracs.get)  # type: ignore[arg-type]
         out.update({f"ray/node_frames/{node}": frames for node, frames in sorted(self.node_frames.items())})
+        cpu, frames = self._driver_cpu_s - self._mark[0], self._chunk_frames - self._mark[1]
+        self._mark = (self._driver_cpu_s, self._chunk_frames)
+        if frames:
+            # one driver core takes in at most 1e6 / driver_us_per_frame frames/s
+            out["ray/driver_us_per_frame"] = 1e6 * cpu / frames
+        if self._chunk_frames:
+            out["ray/bytes_per_frame"] = self._chunk_bytes / self._chunk_frames
+        if self._broadcast_s:
+            out["ray/weights_broadcast_ms"] = 1e3 * float(np.median(self._broadcast_s))
+            self._broadcast_s.clear()
         out["ray/hosts"] = len(self._hosts)
         out["ray/nodes"] = len({h.node for h in self._hosts})
         out["ray/in_flight"] = len(self._owner)

@@ -203,6 +203,7 @@ def _measure(collector: Any, warmup: float, seconds: float, graph: dict[str, Any
         "server_avg_batch_size": stats.get("avg_batch_size"), "server_forward_p50_ms": stats.get("forward_p50_ms"),
         "worker_env_frac": workers.get("env_frac"), "worker_infer_wait_frac": workers.get("infer_wait_frac"),
         "worker_chunk_wait_frac": workers.get("chunk_wait_frac"),
+        **{k.replace("/", "_"): v for k, v in workers.items() if k.startswith("ray/") and "node_frames" not in k},
     }
 
 
