@@ -22,7 +22,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
-SOLVE = ["workers=ray", "trainer.total_frames=150000", "progress=false", "logger=jsonl", "logger.interval=0.5"]
+SOLVE = ["workers=ray", "trainer.total_frames=300000", "progress=false", "logger=jsonl", "logger.interval=0.5"]
 
 
 def _ray_pids(name: str) -> set[int]:
@@ -118,7 +118,7 @@ def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
 
 def test_cartpole_is_solved_with_env_hosts_on_both_nodes_of_a_cluster(two_nodes, tmp_path):
     run_dir = tmp_path / "two-nodes"
-    done = run_pipeline([*SOLVE, f"ray.address={two_nodes}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    done = run_pipeline([*SOLVE, f"ray.address={two_nodes}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "joined" in done.stdout and "2 node(s)" in done.stdout
     rows = _rows(run_dir)

@@ -136,7 +136,9 @@ def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.learn", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=list(SUITE), help=f"of {', '.join(SUITE)}")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument("--seed-list", type=int, nargs="+", default=None, metavar="SEED",
+                        help="these seeds instead (e.g. to add seeds to an earlier run)")
     parser.add_argument("--frames", type=int, default=None, help="override every case's budget (quick runs)")
     parser.add_argument("--no-reference", action="store_true", help="only the pipeline")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/bench-learn/<time>")
@@ -151,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or Path("runs") / "bench-learn" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    seeds = list(args.seed_list) if args.seed_list else list(range(args.seeds))
     table = []
     for name in args.cases:
         case = SUITE[name]
         frames = args.frames or case.frames
-        print(f"{name}: {case.env_id}, {frames:,} frames, {args.seeds} seed(s) ({case.notes})", flush=True)
-        per_seed = [run_case(name, case, seed, frames, out, not args.no_reference, env, args.extra) for seed in range(args.seeds)]
+        print(f"{name}: {case.env_id}, {frames:,} frames, {len(seeds)} seed(s) ({case.notes})", flush=True)
+        per_seed = [run_case(name, case, seed, frames, out, not args.no_reference, env, args.extra) for seed in seeds]
         for impl in ("ours", "reference"):
             runs = [r[impl] for r in per_seed if impl in r]
             if not runs:
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                           _median([r["eval"] for r in runs]), case.target, reached, len(runs),
                           _median([r["frames_to_target"] for r in runs]), _median([r["time_to_target"] for r in runs]),
                           _median([r["wall"] for r in runs])))
-    print(f"\nmedians over seeds 0..{args.seeds - 1}; runs in {out} (python -m pipeline.report {out})")
+    print(f"\nmedians over seeds {', '.join(map(str, seeds))}; runs in {out} (python -m pipeline.report {out})")
     print("| case | implementation | frames | final return | best return | greedy eval | target | reached "
           "| frames to target | s to target | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
