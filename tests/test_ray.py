@@ -107,7 +107,9 @@ def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(tmp_path):
 def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
     before = _ray_pids("raylet") | _ray_pids("gcs_server")
     run_dir = tmp_path / "local"
-    done = run_pipeline([*SOLVE, "ray.address=local", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    # sync_collection: the hosts' workers are parked (remotely) during every update
+    done = run_pipeline([*SOLVE, "ray.address=local", "trainer.sync_collection=true", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "started here (127.0.0.1 only" in done.stdout and "target_return" in done.stdout
     deadline = time.monotonic() + 15

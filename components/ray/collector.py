@@ -44,7 +44,7 @@ from components.inference.loop import ServerConfig
 from components.interaction import InteractionMode
 from components.models import ModelSpec
 from components.ray.cluster import RayCluster, import_ray
-from components.ray.host import EnvHost, HostSpec, numpy_weights
+from components.ray.host import HostSpec, numpy_weights, remote_host_class
 
 __all__ = ["RayCollector", "RayHostsSpec", "split_envs"]
 _POLL_S = 0.25
@@ -117,7 +117,8 @@ class _Host:
         self.pid: int | None = None
         self.step_offset = 0  # added to env_step of a relaunched host: the gap cuts trajectories
         self.last_step = -1
-        self.seq = 0
+        self.seq = 0  # the last chunk passed on
+        self.early: dict[int, tuple[dict[str, np.ndarray], dict[str, float]]] = {}  # chunks ahead of their turn
         self.stats: dict[str, float] = {}
 
 
@@ -196,7 +197,7 @@ class RayCollector(BatchStream):
         self.restarts = 0
         self._launches = 0
         self.node_frames: dict[str, int] = {}
-        self._remote_cls = self.ray.remote(EnvHost)
+        self._remote_cls = remote_host_class(self.ray)
         self._on_start = on_start  # sees :meth:`where` once every host runs (the runner prints the placement)
 
     # -------------------------------------------------------------- lifecycle
@@ -213,7 +214,7 @@ class RayCollector(BatchStream):
 
     def _launch(self, i: int, launch: int) -> _Host:
         h = self.hosts_spec
-        options: dict[str, Any] = {"num_cpus": h.cpus_per_host, "max_restarts": 0, "max_concurrency": 1}
+        options: dict[str, Any] = {"num_cpus": h.cpus_per_host, "max_restarts": 0}
         if h.resources:
             options["resources"] = dict(h.resources)
         if h.scheduling != "DEFAULT":  # "SPREAD": hosts on as many nodes as possible
@@ -360,9 +361,13 @@ class RayCollector(BatchStream):
             self._top_up()
 
     def _take_chunk(self, host: _Host, seq: int, fields: dict[str, np.ndarray], stats: dict[str, float]) -> None:
-        if seq != host.seq + 1:
-            raise CollectorError(f"ray worker {host.spec.index}: chunk {seq} arrived after chunk {host.seq}")
-        host.seq = seq
+        # A threaded actor may run two queued calls out of order: chunks go on in the order the host made them.
+        host.early[seq] = (fields, stats)
+        while host.seq + 1 in host.early:
+            host.seq += 1
+            self._append_chunk(host, *host.early.pop(host.seq))
+
+    def _append_chunk(self, host: _Host, fields: dict[str, np.ndarray], stats: dict[str, float]) -> None:
         if host.step_offset:
             fields["env_step"] = fields["env_step"] + host.step_offset
         host.last_step = max(host.last_step, int(fields["env_step"].max()))
@@ -492,7 +497,11 @@ class RayCollector(BatchStream):
 
     @contextlib.contextmanager
     def pause(self, timeout: float = 30.0) -> Iterator[None]:
-        """No new chunk requests and no replay write for the block (hosts fill their local buffers meanwhile)."""
+        """Park every host's workers at a step boundary, stop chunk requests and replay writes, for the block.
+
+        Chunks already made stay in order; a host that died meanwhile is
+        reported (or restarted) by the next chunk request, not here.
+        """
         if not self._started or self._closed:
             yield
             return
@@ -500,12 +509,30 @@ class RayCollector(BatchStream):
             raise TimeoutError(f"the replay writer did not pause within {timeout} s")
         self._paused = True
         try:
+            self._on_hosts("pause", timeout, timeout)
             yield
         finally:
             self._paused = False
-            self._writer.lock.release()
-            with self._lock:
-                self._top_up()
+            try:
+                self._on_hosts("resume", None, timeout)
+            finally:
+                self._writer.lock.release()
+                with self._lock:
+                    self._top_up()
+
+    def _on_hosts(self, method: str, arg: float | None, timeout: float) -> None:
+        """Call a control method on every host and wait for all (dead hosts are left to :meth:`_receive`)."""
+        calls = {getattr(h.actor, method).remote(*([] if arg is None else [arg])): h for h in self._hosts}
+        ready, waiting = self.ray.wait(list(calls), num_returns=len(calls), timeout=timeout + 5.0)
+        if waiting:
+            raise TimeoutError(f"{len(waiting)} ray worker(s) did not {method} within {timeout:g} s")
+        for ref in ready:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                pass  # dead: its pending chunk requests say so
+            except Exception as err:  # noqa: BLE001 - the host's own failure, in one line
+                raise CollectorError(self._describe(calls[ref], err)) from None
 
 
 def _combine(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -61,7 +61,7 @@ def numpy_weights(state: Any) -> dict[str, np.ndarray]:
 
 
 class EnvHost:
-    """The actor class (wrapped with ``ray.remote`` by the driver, so this module needs no Ray to import)."""
+    """The actor's behaviour; :func:`remote_host_class` makes the Ray actor class of it (so this module needs no Ray)."""
 
     def __init__(self, spec: HostSpec, env_factory: Any, model_spec: Any, env_spec: Any, server_config: Any,
                  weights: dict[str, np.ndarray], version: int) -> None:
@@ -77,6 +77,7 @@ class EnvHost:
             policy_version=version, stall_timeout=spec.stall_timeout, step_timeout=spec.step_timeout,
             skip_non_finite=spec.skip_non_finite,
         )
+        self._pause: Any = None
         self.set_weights(weights, version)
         self.collector.start()
         self._seq = 0
@@ -106,5 +107,51 @@ class EnvHost:
         return self.collector.update_policy_weights_({k: torch.from_numpy(np.array(v)) for k, v in weights.items()},
                                                      version=int(version))
 
+    def pause(self, timeout: float) -> None:
+        """Park the host's workers at their next step boundary (until :meth:`resume`)."""
+        if self._pause is None:
+            pause = self.collector.pause(timeout)
+            pause.__enter__()
+            self._pause = pause
+
+    def resume(self) -> None:
+        pause, self._pause = self._pause, None
+        if pause is not None:
+            pause.__exit__(None, None, None)
+
     def close(self) -> None:
         self.collector.shutdown()
+
+
+#: the actor's second thread: weights and pauses never wait behind a ``collect`` that waits for frames
+CONTROL_GROUP = "control"
+
+
+def remote_host_class(ray: Any) -> Any:
+    """:class:`EnvHost` as a Ray actor class with two threads.
+
+    ``collect`` (and ``where``, ``close``) run one at a time on the default
+    thread; ``set_weights``, ``pause`` and ``resume`` on a control thread,
+    so new weights reach the host's workers at once, not after the chunk
+    requests queued before them. (The local collector takes weights and
+    pauses from another thread by design.)
+    """
+    control = ray.method(concurrency_group=CONTROL_GROUP)
+
+    class EnvHost(_EnvHost):  # the same name: it is the actor's process title (ray::EnvHost)
+        @control
+        def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
+            return super().set_weights(weights, version)
+
+        @control
+        def pause(self, timeout: float) -> None:
+            super().pause(timeout)
+
+        @control
+        def resume(self) -> None:
+            super().resume()
+
+    return ray.remote(concurrency_groups={CONTROL_GROUP: 1})(EnvHost)
+
+
+_EnvHost = EnvHost
