@@ -201,6 +201,17 @@ def test_a_killed_env_host_is_restarted_and_the_run_goes_on(two_nodes, tmp_path)
 
 
 
+def test_dqn_fills_replay_from_env_hosts(two_nodes, tmp_path):
+    run_dir = tmp_path / "dqn"
+    done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", "trainer=dqn", "replay=uniform",
+                         "trainer.total_frames=3000", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(run_dir)
+    assert rows[-1]["summary"]["frames"] == 3000
+    assert any("replay/size" in r for r in rows), rows[-2]
+
+
 def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_path):
     proc = _start(["workers=ray", f"ray.address={two_nodes}"], tmp_path / "sigkilled")
     try:
