@@ -118,6 +118,16 @@ def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
     assert not (_ray_pids("raylet") | _ray_pids("gcs_server")) - before
 
 
+def test_hosts_the_cluster_cannot_place_fail_in_one_line_after_the_start_timeout(two_nodes, tmp_path):
+    done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", "ray.num_actors=2", "ray.num_cpus_per_actor=4",
+                         "ray.start_timeout=3", "progress=false", f"hydra.run.dir={tmp_path / 'run'}"],
+                        cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ray worker(s) 0, 1 not running after 3 s: the cluster cannot place 2 host(s) "
+                           "of 4 CPU(s) (2 CPU(s) in the cluster)"), last
+
+
 def test_cartpole_is_solved_with_env_hosts_on_both_nodes_of_a_cluster(two_nodes, tmp_path):
     run_dir = tmp_path / "two-nodes"
     done = run_pipeline([*SOLVE, f"ray.address={two_nodes}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=280)
