@@ -317,8 +317,7 @@ class RayCollector(BatchStream):
         else:
             text = str(err).strip().splitlines()
             what = f"{type(err).__name__}: {text[0] if text else ''}"
-        node = host.node_label if host.node != "?" else "?"
-        return f"ray worker {host.spec.index} on node {node} (pid {host.pid}): {what}"
+        return f"ray worker {host.spec.index} on node {host.node_label} (pid {host.pid}): {what}"
 
     def _receive(self) -> None:
         """Take in whatever finished within a poll; fail or restart hosts that broke; check for a stall."""
@@ -346,7 +345,7 @@ class RayCollector(BatchStream):
             if i is None:
                 return  # a failed host's call, already written off
             host = self._hosts[i]
-            # A host answers in order: everything it was asked before this call is done too.
+            # A host runs its collect calls one at a time: the ones asked before this are done or next in line.
             while host.refs:
                 ref = host.refs.popleft()
                 del self._owner[ref]

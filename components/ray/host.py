@@ -16,7 +16,6 @@ between steps exactly as local workers do.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +85,7 @@ class EnvHost:
         """Which node and process this host runs in (for the plan, metric keys and error lines)."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "hostname": socket.gethostname()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def collect(self) -> tuple[int, dict[str, np.ndarray], dict[str, float]]:
         """The next chunk: (sequence number, flat numpy fields with global env ids, the host's statistics)."""
@@ -119,9 +117,6 @@ class EnvHost:
         if pause is not None:
             pause.__exit__(None, None, None)
 
-    def close(self) -> None:
-        self.collector.shutdown()
-
 
 #: the actor's second thread: weights and pauses never wait behind a ``collect`` that waits for frames
 CONTROL_GROUP = "control"
@@ -130,7 +125,7 @@ CONTROL_GROUP = "control"
 def remote_host_class(ray: Any) -> Any:
     """:class:`EnvHost` as a Ray actor class with two threads.
 
-    ``collect`` (and ``where``, ``close``) run one at a time on the default
+    ``collect`` (and ``where``) run one at a time on the default
     thread; ``set_weights``, ``pause`` and ``resume`` on a control thread,
     so new weights reach the host's workers at once, not after the chunk
     requests queued before them. (The local collector takes weights and
