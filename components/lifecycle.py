@@ -202,3 +202,20 @@ def force_stop(process: object, grace: float = 1.0) -> None:
     if process.is_alive():  # type: ignore[attr-defined]
         process.kill()  # type: ignore[attr-defined]
         process.join(grace)  # type: ignore[attr-defined]
+
+
+def take_shared_lock(lock: object, abandoned_after_s: float) -> None:
+    """Acquire a lock shared with other processes; take it over from one that died holding it.
+
+    The hot-path locks shared with workers are held for a few stores, so
+    one still held after ``abandoned_after_s`` belongs to a process that was
+    SIGKILLed inside it (a hung worker is replaced that way, a chaos test
+    does it at random). A ``multiprocessing`` lock has no owner to check;
+    waiting on would hang for good, so release it as its dead owner would
+    have and contend again.
+    """
+    while not lock.acquire(True, abandoned_after_s):  # type: ignore[attr-defined]  # positional: mp and threading spell it differently
+        try:
+            lock.release()  # type: ignore[attr-defined]
+        except (ValueError, RuntimeError):  # released meanwhile after all (mp, threading)
+            pass

@@ -29,12 +29,18 @@ def _our_threads() -> list[threading.Thread]:
 
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Fail a test that leaves one of our threads or a child process behind (after reaping them)."""
+    """Fail a test that leaves one of our threads or a child process behind (after reaping them).
+
+    Only what the test itself started counts: a thread that cannot be
+    reaped (one stuck for good) fails the test that leaked it, not every
+    test after it.
+    """
     before_children = {p.pid for p in mp.active_children()}
+    before_threads = {t.ident for t in _our_threads()}
     yield
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        threads = _our_threads()
+        threads = [t for t in _our_threads() if t.ident not in before_threads]
         children = [p for p in mp.active_children() if p.pid not in before_children]
         if not threads and not children:
             return

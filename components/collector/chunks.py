@@ -19,7 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from components.lifecycle import take_shared_lock
 from components.shm import FieldSpec, SharedArena
+
+#: A writer holds the ring lock for three stores; held longer, its holder was killed inside.
+_ABANDONED_LOCK_S = 1.0
 
 
 class ChunkPool:
@@ -201,10 +205,13 @@ class ChunkWriter:
         gid, self._current = self._current, None
         if gid is None:
             raise RuntimeError("commit() without an acquired chunk")
-        with self._ring_lock:
+        take_shared_lock(self._ring_lock, _ABANDONED_LOCK_S)  # another worker may have been killed inside
+        try:
             index = int(self._written[0])
             self._ring[index % self._ring.shape[0]] = gid
             self._written[0] = index + 1
+        finally:
+            self._ring_lock.release()
         self._ready.release()
         self._writing[self.worker] = 0
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from components.inference.stats import now
+from components.lifecycle import take_shared_lock
 from components.inference.transport import (
     InferenceTransport,
     Layout,
@@ -40,6 +41,7 @@ from components.inference.transport import (
 from components.shm import FieldSpec, SharedArena
 
 _PEER_CHECK_S = 0.1
+_ABANDONED_LOCK_S = 1.0
 _ERROR_BYTES = 2048
 _OK, _FAILED = 0, 1
 
@@ -167,7 +169,10 @@ class SlotTransport(InferenceTransport):
 
     def drain(self, max_rows: int) -> list[Pending]:
         flags = self._arena.array("ctl.ready")
-        with self._lock:  # pairs with the client's lock: publishes its slot writes
+        # Pairs with the client's lock (publishes its slot writes); a worker
+        # process killed inside submit would otherwise hang the server here.
+        take_shared_lock(self._lock, _ABANDONED_LOCK_S)
+        try:
             ready = np.flatnonzero(flags)
             if ready.size == 0:
                 return []
@@ -184,6 +189,8 @@ class SlotTransport(InferenceTransport):
             flags[chosen] = 0
             stamps = self._arena.array("ctl.submitted_at")[chosen]
             self._drained_seq[chosen] = self._arena.array("ctl.req_seq")[chosen]
+        finally:
+            self._lock.release()
         slots = chosen.tolist()
         self._next_slot = (slots[-1] + 1) % self.num_slots
         # Doorbells of requests swept together with another one are stale
@@ -296,9 +303,17 @@ class SlotClient:
         self._rows[self.slot] = rows
         self._submitted[self.slot] = stamp
         self._req_seq[self.slot] += 1
-        self._in_flight = True
-        with self._lock:
+        # The server takes this lock too: SIGKILLed while holding it, it would
+        # hold it forever, so wait in steps and give up once the server is gone
+        # (a worker thread blocked here could never be stopped or replaced).
+        while not self._lock.acquire(True, _PEER_CHECK_S):  # positional: threading and mp spell it differently
+            if self._alive.poll():
+                raise ServerDiedError(f"the inference server exited while slot {self.slot} submitted")
+        try:
             self._ready[self.slot] = 1
+        finally:
+            self._lock.release()
+        self._in_flight = True
         self._doorbell.release()
 
     def submit_inputs(self, inputs: dict[str, Any], mode: int | Any = 0) -> SlotFuture:
