@@ -20,6 +20,17 @@ def main() -> None:
         from pipeline.signals import exit_interrupted
 
         exit_interrupted(130)
+    except SystemExit as exit_:
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            raise  # a message for the interpreter to print
+        _leave(exit_.code or 0)
+    _leave(0)
+
+
+def _leave(code: int) -> None:
+    from pipeline.signals import leave
+
+    leave(code)
 
 
 def _main() -> None:

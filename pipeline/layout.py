@@ -59,6 +59,9 @@ class Costs:
     hop_s: float
     engine: str = "numpy"
     cpus: int = 1
+    #: the trainer's CPU seconds per collected frame, on the driver's interpreter (0: collection only,
+    #: as the benchmark measures it; see :func:`time_training`)
+    trainer_s: float = 0.0
 
     @property
     def env_wait_s(self) -> float:
@@ -81,13 +84,15 @@ class Costs:
         """Inverse of :meth:`as_dict` (benchmark reports)."""
         return cls(d["env_wall_us"] / 1e6, d["env_cpu_us"] / 1e6,
                    {int(b): t / 1e6 for b, t in d["infer_us_per_sample"].items()}, d["loop_step_us"] / 1e6,
-                   d["loop_env_us"] / 1e6, d["hop_us"] / 1e6, d.get("engine", "numpy"), int(d.get("cpus", 1)))
+                   d["loop_env_us"] / 1e6, d["hop_us"] / 1e6, d.get("engine", "numpy"), int(d.get("cpus", 1)),
+                   d.get("trainer_us", 0.0) / 1e6)
 
     def as_dict(self) -> dict[str, Any]:
         return {"env_wall_us": self.env_wall_s * 1e6, "env_cpu_us": self.env_cpu_s * 1e6,
                 "infer_us_per_sample": {b: t * 1e6 for b, t in self.infer_s.items()},
                 "loop_step_us": self.loop_step_s * 1e6, "loop_env_us": self.loop_env_s * 1e6,
-                "hop_us": self.hop_s * 1e6, "engine": self.engine, "cpus": self.cpus}
+                "hop_us": self.hop_s * 1e6, "engine": self.engine, "cpus": self.cpus,
+                "trainer_us": self.trainer_s * 1e6}
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,8 @@ class Layout:
     envs_per_worker: int
     splits: int = 1
     predicted_fps: float = 0.0
-    #: what bounds the prediction: "workers" (their own rounds: env waits, answers), "cpu", "server", "gil"
+    #: what bounds the prediction: "workers" (their own rounds: env waits, answers), "cpu", "server", "gil",
+    #: "trainer" (a training run's learner alone)
     bound: str = ""
     detail: dict[str, float] = field(default_factory=dict, compare=False)
 
@@ -132,7 +138,11 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     Frames/s is the smallest of: what each worker's rounds allow, what the
     CPUs allow (all busy parts over the cores), and what the server allows.
     Thread workers and a thread server share one interpreter (the GIL): all
-    their CPU is serial.
+    their CPU is serial. A training run adds the trainer (``costs.trainer_s``
+    per frame): one thread of the driver, so it bounds frames/s by itself,
+    takes its share of the CPUs, and shares the interpreter with whatever
+    runs in the driver (measured on CartPole PPO: a PPO update took 1.6x
+    longer with a thread worker beside it than with a process worker).
     """
     c = costs
     n_workers = math.ceil(num_envs / layout.envs_per_worker)
@@ -163,14 +173,19 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     cpu_per_frame = worker_cpu / frames_per_round + server_cpu_per_frame
     if layout.workers == "process" and c.env_wait_s > 0 and n_workers > c.cpus:
         cpu_per_frame += c.hop_s / frames_per_round  # a process that waits is woken again: a context switch
+    trainer = c.trainer_s
+    if trainer > 0:
+        bounds["trainer"] = 1.0 / trainer
     if layout.workers == "thread" and layout.server in ("thread", "inline"):
-        bounds["gil"] = 1.0 / cpu_per_frame  # one interpreter: every part is serial
+        bounds["gil"] = 1.0 / (cpu_per_frame + trainer)  # one interpreter: every part is serial
     elif layout.workers == "thread":  # workers in the driver, server in its own process
-        bounds["gil"] = 1.0 / (worker_cpu / frames_per_round)
+        bounds["gil"] = 1.0 / (worker_cpu / frames_per_round + trainer)
         bounds["server"] = 1.0 / server_cpu_per_frame
-        bounds["cpu"] = c.cpus / cpu_per_frame
+        bounds["cpu"] = c.cpus / (cpu_per_frame + trainer)
     else:
-        bounds["cpu"] = c.cpus / cpu_per_frame
+        bounds["cpu"] = c.cpus / (cpu_per_frame + trainer)
+        if layout.server == "thread":  # in the driver, beside the trainer
+            bounds["gil"] = 1.0 / (server_cpu_per_frame + trainer)
         if layout.server != "inline":
             bounds["server"] = 1.0 / server_cpu_per_frame
     bound = min(bounds, key=bounds.get)
@@ -423,9 +438,78 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
     return Costs(wall, cpu, infer, loop_step, loop_env, hop, getattr(engine, "name", "torch"), cpus)
 
 
+def trainer_load(trainer: Any) -> tuple[int, float]:
+    """(rows per gradient step, gradient steps per collected frame) of a trainer config.
+
+    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; DQN
+    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch. A
+    trainer with neither is not counted (0 steps).
+    """
+    frames = max(1, int(trainer.frames_per_batch))
+    if "epochs" in trainer:
+        minibatches = max(1, int(trainer.minibatches))
+        return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
+    if "updates_per_batch" in trainer:
+        return max(1, int(trainer.batch_size)), int(trainer.updates_per_batch) / frames
+    return 1, 0.0
+
+
+#: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
+TRAINER_PROBE_S = 0.25
+
+
+def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINER_PROBE_S) -> float:
+    """Seconds of one optimiser step (forward, backward, clipping, Adam) on ``rows`` rows of this model.
+
+    A stand-in for the trainer's step (its loss is a few more element-wise
+    operations), on a copy of the model so the run's initial weights are
+    untouched. A step too slow for the budget is timed on fewer rows and
+    scaled up: per-row cost only falls with more rows, so the estimate errs
+    high, never low.
+    """
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(n: int) -> None:
+        obs = torch.zeros((n, *env_spec.obs_shape), dtype=getattr(torch, str(env_spec.obs_dtype)))
+        out = model(obs)
+        loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    probe_rows = min(rows, 8)
+    start = time.perf_counter()
+    step(probe_rows)  # warm-up: first calls allocate (and import what the optimiser needs)
+    start = time.perf_counter()
+    step(probe_rows)
+    small = time.perf_counter() - start
+    if small * rows / probe_rows > budget_s / 4:  # the full step would not fit: scale the small one
+        return small * rows / probe_rows
+    step(rows)
+    reps, start = 0, time.perf_counter()
+    while (time.perf_counter() - start < budget_s / 2 and reps < 20) or reps < 2:
+        step(rows)
+        reps += 1
+    return (time.perf_counter() - start) / reps
+
+
 def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
-                     engine: str) -> Costs:
-    """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose."""
+                     engine: str, trainer_device: str = "cpu") -> Costs:
+    """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
+
+    With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
+    :func:`time_training`) enters the prediction: a layout that is fastest
+    for collection alone can slow the learner that shares its interpreter.
+    """
+    from dataclasses import replace
+
     from omegaconf import OmegaConf
 
     from components.inference.serving import serving_engine
@@ -433,5 +517,18 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
 
     kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(kwargs, dict)
-    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec).to(policy_device).eval()
-    return measure(factory, serving_engine(model, engine, policy_device, "cpu", seed=0), env_spec, cpus)
+    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec)
+    costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
+                    env_spec, cpus)
+    rows, steps_per_frame = trainer_load(cfg.trainer)
+    if trainer_device != "cpu" or steps_per_frame == 0:
+        return costs
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run
+    try:
+        step_s = time_training(model.cpu(), env_spec, rows)
+    finally:
+        torch.set_num_threads(threads)
+    return replace(costs, trainer_s=step_s * steps_per_frame)

@@ -232,16 +232,27 @@ def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: 
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
     collector.start()
     sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False))
-    for batch in collector:
+    clock = time.perf_counter
+    batches = iter(collector)
+    while True:
+        started = clock()
+        batch = next(batches, None)
+        if batch is None:
+            return "total_frames"
         reporter.episodes(batch)
+        got = clock()
         # sync_collection: workers park at their next step until the new weights are out, so
         # (but for the steps they were in) the next batch is collected by the policy it trains.
         with collector.pause() if sync else contextlib.nullcontext():
             metrics = trainer.update(batch, frames=collector.frames)
+            updated = clock()
             collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
+        pushed = clock()
+        # Where the learner's time goes: a run bound by its trainer shows update_ms near the loop's.
+        metrics.update(batch_wait_ms=(got - started) * 1e3, update_ms=(updated - got) * 1e3,
+                       weights_push_ms=(pushed - updated) * 1e3)
         if reporter.step(metrics):
             return "target_return"
-    return "total_frames"
 
 
 def run_off_policy(collector: AsyncBatchedCollector, trainer: Trainer, buffer: Any, reporter: Reporter,

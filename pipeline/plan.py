@@ -152,7 +152,7 @@ def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, p
         servers: tuple[str, ...] = ("process", "thread") if shareable else ("thread",)
     else:
         servers = ("inline", "thread", "process")
-    backend: str | None = workers
+    backend: str | None = None if workers == "auto" else workers
     if workers == "thread" and costs.env_wait_s > WAITING_RATIO * costs.env_cpu_s:
         backend = None  # mostly-waiting envs: thread workers would make each env wait for the others
     requested = cfg.env.envs_per_worker
@@ -169,7 +169,8 @@ def _measured_reason(chosen: Any, costs: Any, num_envs: int) -> str:
     return (f"auto (measured) -> {chosen.describe(num_envs)}: predicted {chosen.predicted_fps:,.0f} frames/s "
             f"({chosen.bound}-bound; limit {limit:,.0f}); env step {costs.env_wall_s * 1e6:,.1f} us wall / "
             f"{costs.env_cpu_s * 1e6:,.1f} us CPU, policy {costs.infer_at(chosen.envs_per_worker) * 1e6:.2f} "
-            f"us/sample at {chosen.envs_per_worker} rows ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us")
+            f"us/sample at {chosen.envs_per_worker} rows ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us"
+            + (f", trainer {costs.trainer_s * 1e6:,.1f} us/frame" if costs.trainer_s else ""))
 
 
 def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs: Any = None) -> Plan:
@@ -188,6 +189,9 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     server = str(cfg.server.backend)
     if workers == "ray":  # each env host is a thread worker with an inline policy copy (pipeline/ray_plan.py)
         workers, server = "thread", "inline"
+    auto_workers = workers == "auto"
+    if auto_workers and (costs is None or transport != "auto" or server == "inline"):
+        workers = "thread"  # nothing measured to choose by: the instant start
     num_envs = int(cfg.env.num_envs)
     frames_per_batch = int(cfg.trainer.frames_per_batch)
     reasons: list[tuple[str, str]] = []
@@ -263,12 +267,16 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     elif mode == "step":
         chunk_len, why = 1, "step: every step is a message"
     elif workers == "process":
-        per_batch = max(1, frames_per_batch // num_envs)
+        # A quarter of each env's share of a batch: workers buffer one batch plus a chunk ahead, so
+        # a chunk as long as the batch would let them run two batches ahead (PPO's policy lag 2, which
+        # measurably slowed CartPole's learning); a quarter keeps the lag near 1.25.
+        quarter = max(1, frames_per_batch // num_envs // 4)
         at_least = math.ceil(AUTO_MIN_TRANSITIONS / per_worker)
         at_most = max(1, frames_per_batch // per_worker)
-        chunk_len = min(max(at_least, per_batch), at_most)
+        chunk_len = min(max(at_least, quarter), at_most)
         why = (f"auto -> {chunk_len} steps x {per_worker} envs per message: at least {AUTO_MIN_TRANSITIONS} "
-               f"transitions, frames_per_batch // num_envs = {per_batch} steps when larger, never above a batch")
+               f"transitions, a quarter of frames_per_batch // num_envs ({quarter} steps) when larger, "
+               "never above a batch")
     else:
         chunk_len, why = 1, "auto -> 1 step per message: thread workers have no process boundary to amortise"
     reasons.append(("chunking", why))

@@ -106,9 +106,10 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     from pipeline.plan import _device, _serving_engine
 
     policy_device, _ = _device(str(cfg.device.policy_device), machine)
+    trainer_device, _ = _device(str(cfg.device.trainer_device), machine)
     engine, _ = _serving_engine(cfg, policy_device)
     try:
-        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine)
+        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
     except (ValueError, KeyError, TypeError):
         return None  # a model this env cannot have: the learner's build says so in one line, next
     except Exception as err:  # noqa: BLE001 - the rule still gives a working layout

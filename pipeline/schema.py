@@ -53,8 +53,9 @@ class ModelSchema:
 
 @dataclass
 class WorkersSchema:
-    #: thread (in the driver), process (spawned, one per block) or ray (env hosts on a Ray cluster, see ray.*)
-    backend: str = "thread"
+    #: auto (thread or process, as transport=auto measures), thread (in the driver), process (spawned,
+    #: one per block) or ray (env hosts on a Ray cluster, see ray.*)
+    backend: str = "auto"
     #: blocks a worker steps alternately, one request each (2: double-buffered)
     splits: int = 1
     #: CPU sets for process workers, used round-robin (null: OS decides)

@@ -48,17 +48,39 @@ def exit_interrupted(code: int = 130) -> NoReturn:
     surfaces inside code that a C extension evaluates (pybind11's
     ``py::exec`` while ``import torch`` runs), even if Python code catches it
     later; at exit the interpreter then kills itself with SIGINT (status -2)
-    instead of returning 130. So the exit handlers (multiprocessing's
-    clean-up among them) run here and the process leaves with ``os._exit``.
+    instead of returning 130. So the process leaves through :func:`leave`.
+    """
+    leave(code, wait_for_threads=False)
+
+
+def leave(code: int, wait_for_threads: bool = True) -> NoReturn:
+    """Run the exit handlers and leave with ``code``, without the interpreter's teardown.
+
+    By the time a run returns, every file is closed, every child joined and
+    every sink flushed; what the interpreter still does is tear down torch,
+    sympy (which ``torch.optim`` imports through ``torch._dynamo``) and the
+    rest module by module: 0.5-0.9 s of a CartPole run's ~10 s, for nothing.
+    The exit handlers (multiprocessing's clean-up, logging's flush) still run
+    here. With a non-daemon thread still running the interpreter would wait
+    for it, so then this exits the normal way.
     """
     import atexit
     import os
     import sys
+    import threading
 
+    if wait_for_threads and any(t is not threading.main_thread() and not t.daemon and t.is_alive()
+                                for t in threading.enumerate()):
+        sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
             pass
     atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):  # what the exit handlers printed
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
     os._exit(code)

@@ -182,7 +182,7 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             raise ConfigError("model.obs_norm=true: implemented for actor-critics (trainer=ppo), not Q-networks")
 
     # workers / transport / server
-    _one_of(cfg, "workers.backend", ("thread", "process", "ray"))
+    _one_of(cfg, "workers.backend", ("auto", "thread", "process", "ray"))
     workers_backend = get("workers.backend")
     if workers_backend == "ray":
         _validate_ray(cfg)

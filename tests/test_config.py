@@ -116,7 +116,7 @@ def test_trainer_env_specialisations_apply_to_their_pair_only():
     assert compose("env=atari", "trainer.lr=0.01").trainer.lr == pytest.approx(0.01), "the command line wins"
     assert compose("env=atari", "trainer=dqn", "replay=uniform").trainer.learning_starts == 80000
     assert compose("trainer=dqn", "replay=uniform").trainer.learning_starts == 1000
-    assert compose().trainer.lr == pytest.approx(1e-3)
+    assert compose().trainer.lr == pytest.approx(2e-3)
 
 
 def test_dqn_swaps_in_a_q_network_for_any_encoder():
@@ -399,7 +399,7 @@ def test_every_auto_choice_is_said_in_the_plan():
 
 @pytest.mark.parametrize(("overrides", "fewest"), [
     (["chunking.chunks_per_worker=2"], 33),  # 8 thread envs, 1 step per chunk, 256 per batch: 263 needed
-    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "chunking.chunks_per_worker=1"], 2),
+    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "chunking.chunks_per_worker=1"], 3),
 ])
 def test_a_chunk_budget_that_cannot_hold_a_batch_is_a_config_error(overrides, fewest):
     with pytest.raises(ConfigError, match=rf"chunking.chunks_per_worker=\d+: .* use at least {fewest} \(or null\)"):
@@ -422,8 +422,8 @@ def test_device_auto_says_what_it_found():
 
 
 @pytest.mark.parametrize(("overrides", "chunk_len"), [
-    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "trainer.frames_per_batch=256"], 32),
-    (["workers=process", "env.num_envs=64", "env.envs_per_worker=32", "trainer.frames_per_batch=1024"], 16),
+    (["workers=process", "env.num_envs=8", "env.envs_per_worker=4", "trainer.frames_per_batch=256"], 16),
+    (["workers=process", "env.num_envs=64", "env.envs_per_worker=32", "trainer.frames_per_batch=1024"], 4),
     (["workers=process", "env.num_envs=2", "env.envs_per_worker=1", "trainer.frames_per_batch=16"], 16),
     (["workers=process", "env.num_envs=4", "env.envs_per_worker=4", "trainer.frames_per_batch=8"], 2),
     (["workers=process", "chunking=step"], 1),

@@ -73,7 +73,10 @@ def test_a_run_logs_eval_returns_and_can_stop_on_them(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/return_mean"] for r in rows[:-1] if "eval/return_mean" in r]
     summary = rows[-1]["summary"]
-    assert evals and summary["stop_reason"] == "target_return" and summary["eval/return_mean"] >= 60
+    # the greedy return that stopped the run reached the target; the summary then holds the final
+    # weights' own evaluation (a later version, evaluated on other episodes: it may fall short)
+    assert evals and max(evals) >= 60 and summary["stop_reason"] == "target_return"
+    assert "eval/return_mean" in summary and summary["eval/policy_version"] >= 1
     assert summary["frames"] < 60000
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.layout import Costs, Layout, choose, machine_limit, measure, predict
+from dataclasses import replace
+
+from pipeline.layout import Costs, Layout, choose, machine_limit, measure, predict, time_training, trainer_load
 from pipeline.plan import Machine, resolve_plan
 from tests.conftest import compose
 
@@ -48,7 +50,7 @@ def test_a_fixed_grouping_leaves_only_placement_and_splits_open():
 
 
 def test_the_plan_prints_the_measured_choice_and_moves_waiting_envs_to_processes():
-    plan = resolve_plan(compose(), CPU, costs=CHEAP)
+    plan = resolve_plan(compose("workers=thread"), CPU, costs=CHEAP)
     assert plan.graph.server == "inline" and plan.graph.workers == "thread"
     assert "auto (measured) ->" in plan.reason("transport") and "predicted" in plan.reason("transport")
     plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
@@ -103,3 +105,50 @@ def test_an_env_that_hangs_or_raises_in_the_probe_is_a_probe_error_not_a_hung_ru
     assert time.monotonic() - started < 5
     with pytest.raises(layout.ProbeError, match="the env raised RuntimeError: boom at step 5"):
         layout._time_env_bounded(FaultyEnvFactory(at_step=5, fault="raise"), 0.1)
+
+
+# CartPole PPO's learner: about 100 us of driver CPU per collected frame (8-20 epochs of 256 rows)
+TRAINED = replace(CHEAP, trainer_s=100e-6)
+
+
+def test_a_trainer_in_the_driver_moves_cheap_envs_out_of_its_interpreter():
+    thread = predict(Layout("thread", "inline", 8), TRAINED, 8)
+    cpu_per_frame = 1 / predict(Layout("thread", "inline", 8), CHEAP, 8).predicted_fps
+    assert thread.bound == "gil" and thread.predicted_fps == pytest.approx(1 / (cpu_per_frame + 100e-6))
+    best, _ = choose(TRAINED, 8)
+    assert (best.workers, best.server, best.bound) == ("process", "inline", "trainer"), best
+    assert best.predicted_fps == pytest.approx(1 / 100e-6)
+    plan = resolve_plan(compose(), CPU, costs=TRAINED)  # workers=auto, the default
+    assert plan.graph.workers == "process" and "trainer 100.0 us/frame" in plan.reason("transport")
+    # collection alone (the benchmark) counts no trainer: nothing bounds it but the CPUs and the workers
+    assert "trainer" not in choose(CHEAP, 8)[0].detail
+
+
+def test_workers_auto_without_a_probe_means_thread_workers():
+    plan = resolve_plan(compose("server=inline"), CPU, costs=None)
+    assert plan.graph.workers == "thread"
+    plan = resolve_plan(compose("transport=slots"), CPU, costs=TRAINED)
+    assert plan.graph.workers == "thread"
+
+
+def test_the_trainer_load_reads_epochs_and_minibatches_or_updates_per_batch():
+    assert trainer_load(compose().trainer) == (256, 8 / 256)
+    assert trainer_load(compose("trainer.minibatches=4").trainer) == (64, 8 * 4 / 256)
+    dqn = compose("trainer=dqn", "replay=uniform").trainer
+    assert trainer_load(dqn) == (int(dqn.batch_size), int(dqn.updates_per_batch) / int(dqn.frames_per_batch))
+
+
+def test_the_trainer_probe_times_a_real_step_on_a_copy_of_the_model():
+    import torch
+
+    from components.envs import EnvSpec
+    from components.models import ActorCritic
+
+    spec = EnvSpec((4,), "float32", "discrete", action_n=2)
+    model = ActorCritic(spec, hidden=(64, 64))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    step = time_training(model, spec, rows=256, budget_s=0.1)
+    assert 1e-5 < step < 0.1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
+    # a step over budget is timed on 8 rows and scaled: errs high, never low
+    assert time_training(model, spec, rows=4096, budget_s=1e-6) >= step
