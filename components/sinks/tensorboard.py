@@ -4,12 +4,18 @@ Scalars are logged against frames; the resolved config goes in as text at
 the start; at the end ``hparams`` summaries (the run's overrides against
 its final metrics) are written into the same event stream, so
 ``tensorboard --logdir <sweep dir>`` compares a sweep's points in its
-HParams tab (``SummaryWriter.add_hparams`` would open a second run
-directory per call instead).
+HParams tab.
+
+Written with the ``tensorboard`` package's own event writer and protocol
+buffers, not ``torch.utils.tensorboard``: that wrapper imports torch, about
+1.2 s of CPU in the sink process while the run starts, on a machine whose
+few cores the trainer and the env workers need then; what it would add
+here (building three protos) is a few lines.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,43 +29,87 @@ def _hparam_value(value: Any) -> bool | int | float | str:
     return str(value)
 
 
+def _text_summary(tag: str, text: str) -> Any:
+    """What TensorBoard's text plugin reads: a one-element string tensor under ``<tag>/text_summary``."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.plugins.text import metadata
+
+    tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=metadata.create_summary_metadata("", ""),
+                                        tensor=tensor)])
+
+
+def _hparams_summaries(hparams: dict[str, bool | int | float | str], metrics: list[str]) -> list[Any]:
+    """The HParams plugin's experiment, session-start and session-end summaries for one run."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    start = plugin_data_pb2.SessionStartInfo()
+    infos = []
+    for name, value in hparams.items():
+        if isinstance(value, bool):  # before int: a bool is an int to Python
+            start.hparams[name].bool_value, kind = value, "DATA_TYPE_BOOL"
+        elif isinstance(value, (int, float)):
+            start.hparams[name].number_value, kind = float(value), "DATA_TYPE_FLOAT64"
+        else:
+            start.hparams[name].string_value, kind = str(value), "DATA_TYPE_STRING"
+        infos.append(api_pb2.HParamInfo(name=name, type=api_pb2.DataType.Value(kind)))
+    experiment = api_pb2.Experiment(hparam_infos=infos,
+                                    metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m)) for m in metrics])
+    end = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value("STATUS_SUCCESS"))
+    out = []
+    for tag, data in ((metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
+                      (metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start)),
+                      (metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))):
+        out.append(Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))]))
+    return out
+
+
 class TensorBoardSink:
     name = "tensorboard"
 
     def __init__(self, run_dir: Path, *, config_text: str | None = None,
                  hparams: dict[str, Any] | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.log_dir = run_dir / "tb"
-        self._writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(self.log_dir), flush_secs=10)
         self._hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
         self._last: dict[str, float] = {}
         if config_text:
             # Markdown code block: TensorBoard's text plugin renders markdown.
-            self._writer.add_text("config", "```\n" + config_text + "\n```", 0)
+            self._add(_text_summary("config", "```\n" + config_text + "\n```"), 0)
+
+    def _add(self, summary: Any, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._writer.add_event(Event(summary=summary, step=int(step), wall_time=time.time()))
+
+    def _scalars(self, values: dict[str, float], step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        if values:
+            self._add(Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]), step)
 
     def log(self, row: dict[str, Any], frames: int) -> None:
-        for key, value in row.items():
-            if key == "frames" or isinstance(value, (str, bool)) or value is None:
-                continue
-            self._writer.add_scalar(key, value, frames)
-            self._last[key] = float(value)
+        values = {key: float(value) for key, value in row.items()
+                  if key != "frames" and value is not None and not isinstance(value, (str, bool))}
+        self._scalars(values, frames)
+        self._last.update(values)
         self._writer.flush()
 
     def summary(self, values: dict[str, Any]) -> None:
-        from torch.utils.tensorboard.summary import hparams
-
         metrics = {f"hparam/{k}": float(v) for k, v in {**self._last, **values}.items()
                    if k in HPARAM_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if not metrics:
             return
-        experiment, start, end = hparams(self._hparams or {"run": "default"}, metrics)
-        writer = self._writer.file_writer
-        for summary in (experiment, start, end):
-            writer.add_summary(summary)
-        step = int(values.get("frames", 0) or 0)
-        for key, value in metrics.items():
-            self._writer.add_scalar(key, value, step)
+        for summary in _hparams_summaries(self._hparams or {"run": "default"}, list(metrics)):
+            self._add(summary, 0)
+        self._scalars(metrics, int(values.get("frames", 0) or 0))
         self._writer.flush()
 
     def close(self, exit_code: int) -> None:
