@@ -463,9 +463,12 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
 
     A stand-in for the trainer's step (its loss is a few more element-wise
     operations), on a copy of the model so the run's initial weights are
-    untouched. A step too slow for the budget is timed on fewer rows and
-    scaled up: per-row cost only falls with more rows, so the estimate errs
-    high, never low.
+    untouched. Steps of 8 and 32 rows give a fixed and a per-row cost; a
+    full step that would not fit the budget (a Nature CNN on the CPU) is
+    extrapolated from them, otherwise it is timed. Each size keeps its
+    fastest reading: a step slowed by a busy moment must not change the
+    layout (scaling one slow 8-row step up 32x once made a CartPole
+    trainer look 30x dearer than it is).
     """
     import copy
 
@@ -475,29 +478,32 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def step(n: int) -> None:
+    def step(n: int) -> float:
         obs = torch.zeros((n, *env_spec.obs_shape), dtype=getattr(torch, str(env_spec.obs_dtype)))
+        started = time.perf_counter()
         out = model(obs)
         loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        return time.perf_counter() - started
 
-    probe_rows = min(rows, 8)
-    start = time.perf_counter()
-    step(probe_rows)  # warm-up: first calls allocate (and import what the optimiser needs)
-    start = time.perf_counter()
-    step(probe_rows)
-    small = time.perf_counter() - start
-    if small * rows / probe_rows > budget_s / 4:  # the full step would not fit: scale the small one
-        return small * rows / probe_rows
-    step(rows)
-    reps, start = 0, time.perf_counter()
-    while (time.perf_counter() - start < budget_s / 2 and reps < 20) or reps < 2:
-        step(rows)
-        reps += 1
-    return (time.perf_counter() - start) / reps
+    small, mid = min(rows, 8), min(rows, 32)
+    step(small)  # warm-up: first calls allocate (and import what the optimiser needs)
+    t_small = min(step(small) for _ in range(3))
+    if mid == small:
+        return t_small
+    t_mid = min(step(mid) for _ in range(3))
+    # Noise can make the two sizes read alike: never call more than 3/4 of the 32-row step fixed.
+    per_row = max((t_mid - t_small) / (mid - small), t_mid / mid / 4)
+    estimate = t_mid + per_row * (rows - mid)
+    if rows == mid or estimate > budget_s / 4:
+        return estimate
+    timings = [step(rows)]
+    while sum(timings) < budget_s / 2 and len(timings) < 20:
+        timings.append(step(rows))
+    return min(timings)
 
 
 def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,

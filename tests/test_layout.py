@@ -150,5 +150,6 @@ def test_the_trainer_probe_times_a_real_step_on_a_copy_of_the_model():
     step = time_training(model, spec, rows=256, budget_s=0.1)
     assert 1e-5 < step < 0.1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
-    # a step over budget is timed on 8 rows and scaled: errs high, never low
-    assert time_training(model, spec, rows=4096, budget_s=1e-6) >= step
+    # a step over budget is extrapolated from 8 and 32 rows: more rows never cost less
+    big = time_training(model, spec, rows=4096, budget_s=1e-6)
+    assert step <= big < 200 * step
