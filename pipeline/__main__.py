@@ -47,19 +47,54 @@ def _main() -> None:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
+    import os
+
     import hydra
 
     from pipeline.schema import register
 
     register()
+    started: list[bool] = []
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def _task(cfg):  # type: ignore[no-untyped-def]  # noqa: ANN202 - the sweep objective, or None
+        started.append(True)
         from pipeline.run import main_from_hydra
 
         return main_from_hydra(cfg)
 
-    _task()
+    # Hydra reports a bad override (a wrong type, an unknown key or option, a syntax error) in several
+    # lines with exit 1; with HYDRA_FULL_ERROR it raises instead, and composing errors become the
+    # one `config error:` line and exit 2 every other bad value gets. A user who set it keeps Hydra's.
+    hydra_report = "HYDRA_FULL_ERROR" in os.environ
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        _task()
+    except Exception as err:  # noqa: BLE001 - only composing errors are turned into one line
+        line = None if hydra_report or started else composition_error(err)
+        if line is None:
+            raise
+        print(f"config error: {line}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def composition_error(err: BaseException) -> str | None:
+    """One line for an error Hydra raised while composing the config; None for anything else."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+
+    if not isinstance(err, HydraException):
+        return None
+    if isinstance(err, OverrideParseException):  # its message does not name the override
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "a syntax error"
+        return f"cannot parse the override {err.override!r}: {first} (see Hydra's override grammar)"
+    if isinstance(err, MissingConfigException) and err.options:
+        first = str(err).strip().splitlines()[0]
+        return f"{first} (available: {', '.join(sorted(err.options))})"
+    lines = [line.strip().rstrip(".") for line in str(err).splitlines() if line.strip()]
+    parts = ["; ".join(lines) or type(err).__name__]
+    if err.__cause__ is not None and str(err.__cause__).strip():
+        parts.append(str(err.__cause__).strip().splitlines()[0])
+    return ": ".join(parts)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ BAD = [
     "logger.wandb_timeout=0", "sweep.objective=loss", "sweep.direction=up", "server.max_restarts=-1",
     "trainer.nan_policy=ignore", "trainer.eval_interval=0", "trainer.eval_episodes=0", "trainer.target_metric=best",
     "trainer.target_metric=eval", "env=atari model.obs_norm=true",
+    # what Hydra itself refuses while composing: a wrong type, an unknown key or option, bad syntax
+    "trainer.total_frames=abc", "trainer.gamma=x", "trainer.nope=1", "env=nope", "workers=gpu", "trainer.lr=[1",
 ]
 DQN_BAD = ["replay.capacity=0", "replay.alpha=-1", "replay.beta=2", "replay.eps=0", "replay.storage=tape",
            "replay.frame_dedup=maybe", "replay.frame_dedup=true", "replay.max_policy_lag=-2", "trainer.tau=0",
