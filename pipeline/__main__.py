@@ -23,11 +23,9 @@ def main() -> None:
     except SystemExit as exit_:
         if exit_.code is not None and not isinstance(exit_.code, int):
             raise  # a message for the interpreter to print
-        _leave(exit_.code or 0)
-    _leave(0)
-
-
-def _leave(code: int) -> None:
+        code = exit_.code or 0
+    else:
+        code = 0
     from pipeline.signals import leave
 
     leave(code)
