@@ -108,13 +108,16 @@ class Layout:
     #: "trainer" (a training run's learner alone)
     bound: str = ""
     detail: dict[str, float] = field(default_factory=dict, compare=False)
+    #: every env of a worker steps in its own thread, served as it returns (``workers.concurrent_envs``)
+    concurrent: bool = False
 
     def describe(self, num_envs: int) -> str:
         count = math.ceil(num_envs / self.envs_per_worker)
         where = {"inline": "the policy inline in each worker", "process": "a server process",
                  "thread": "a server thread"}[self.server]
         blocks = f", {self.splits} blocks each" if self.splits > 1 else ""
-        return f"{count} {self.workers} worker(s) of {self.envs_per_worker} envs{blocks}, {where}"
+        envs = " (each in its own thread, stepping concurrently)" if self.concurrent else ""
+        return f"{count} {self.workers} worker(s) of {self.envs_per_worker} envs{envs}{blocks}, {where}"
 
 
 def machine_limit(costs: Costs, num_envs: int, batch: float | None = None) -> float:
@@ -145,6 +148,8 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     longer with a thread worker beside it than with a process worker).
     """
     c = costs
+    if layout.concurrent:
+        return _predict_concurrent(layout, costs, num_envs)
     n_workers = math.ceil(num_envs / layout.envs_per_worker)
     block = layout.envs_per_worker / layout.splits
     loop = c.loop_step_s + c.loop_env_s * block
@@ -172,7 +177,10 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     bounds = {"workers": n_workers * per_worker}
     cpu_per_frame = worker_cpu / frames_per_round + server_cpu_per_frame
     if layout.workers == "process" and c.env_wait_s > 0 and n_workers > c.cpus:
-        cpu_per_frame += c.hop_s / frames_per_round  # a process that waits is woken again: a context switch
+        # A process that waits is woken again: a context switch, and its interpreter's caches refilled after
+        # the other processes ran (measured on the waiting env: 64 one-env processes spent ~46 us per frame
+        # beyond what the probes add up to, about two wake-ups).
+        cpu_per_frame += 2 * c.hop_s / frames_per_round
     trainer = c.trainer_s
     if trainer > 0:
         bounds["trainer"] = 1.0 / trainer
@@ -188,16 +196,64 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
             bounds["gil"] = 1.0 / (server_cpu_per_frame + trainer)
         if layout.server != "inline":
             bounds["server"] = 1.0 / server_cpu_per_frame
+    return _with_bounds(layout, bounds)
+
+
+def _with_bounds(layout: Layout, bounds: dict[str, float]) -> Layout:
     bound = min(bounds, key=bounds.get)
     return Layout(layout.workers, layout.server, layout.envs_per_worker, layout.splits, bounds[bound], bound,
-                  {k: float(v) for k, v in bounds.items()})
+                  {k: float(v) for k, v in bounds.items()}, layout.concurrent)
+
+
+def _predict_concurrent(layout: Layout, costs: Costs, num_envs: int) -> Layout:
+    """Workers whose envs each step in a thread, served by the worker's main thread as they return.
+
+    Per frame, a worker spends the env's CPU, the hand-off of its action to
+    the env's thread (a wake-up, about what a cross-process one costs), the
+    row write, and its share of what the main thread spends per batch of
+    returned envs: one wake-up, one loop pass, one policy call. All of a
+    worker's Python runs under one GIL, so a worker does at most
+    ``1 / (its CPU per frame)``; an env cycles in its step's wall time plus
+    the main thread's turnaround.
+
+    The batch: at least what returns during one turnaround; when the CPUs
+    cannot keep every env stepping, the envs not stepping queue up (Little's
+    law: ``envs * (1 - rate / wall-bound rate)``), and about half of them
+    wait for the main thread, the rest for the GIL inside their own step
+    (measured on the waiting env: batches of 2.2, 3.2 and 11 rows with 16,
+    32 and 64 envs per worker).
+    """
+    c = costs
+    per_worker = layout.envs_per_worker
+    n_workers = math.ceil(num_envs / per_worker)
+    hops = 2.0 if layout.server != "inline" else 0.0  # a batch's round trip to a central server
+    batch, rate = 1.0, 0.0
+    bounds: dict[str, float] = {}
+    for _ in range(12):  # fixed point: the batch shapes the costs, the rate the batch
+        turnaround = c.loop_step_s + batch * (c.infer_at(batch) + c.loop_env_s) + (1 + hops) * c.hop_s
+        cpu_per_frame = (c.env_cpu_s + c.hop_s + c.loop_env_s
+                         + (c.loop_step_s + (1 + hops) * c.hop_s + batch * c.infer_at(batch)) / batch)
+        wall_bound = num_envs / (c.env_wall_s + c.hop_s + turnaround)
+        bounds = {"workers": wall_bound, "gil": n_workers / cpu_per_frame,
+                  "cpu": c.cpus / (cpu_per_frame + c.trainer_s)}
+        if c.trainer_s > 0:
+            bounds["trainer"] = 1.0 / c.trainer_s
+        if layout.server != "inline":
+            bounds["server"] = 1.0 / (c.infer_at(batch * n_workers) + 2 * c.hop_s / batch)
+        rate = min(bounds.values())
+        returned = per_worker * turnaround / (c.env_wall_s + turnaround)
+        queued = 0.5 * per_worker * max(0.0, 1.0 - rate / wall_bound)
+        batch = min(float(per_worker), max(1.0, returned, queued))
+    return _with_bounds(layout, bounds)
 
 
 def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engine: str = "numpy",
-                      shareable: bool = True) -> list[Layout]:
+                      shareable: bool = True, concurrent: bool | None = None) -> list[Layout]:
     """Every layout worth predicting (``workers`` restricts the env backend).
 
     ``shareable``: the policy device can be shared with a server process.
+    ``concurrent``: True offers only process workers whose envs step
+    concurrently, False none of those, None both kinds.
     """
     out: list[Layout] = []
     backends = [workers] if workers else ["thread", "process"]
@@ -219,21 +275,27 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engi
                 out.append(Layout("process", server, per_worker, 1))
                 if per_worker >= 2:
                     out.append(Layout("process", server, per_worker, 2))
+            if per_worker >= 2:
+                servers = ("inline", "process") if shareable else ("inline",)
+                out += [Layout("process", server, per_worker, concurrent=True) for server in servers]
+    if concurrent is not None:
+        out = [l for l in out if l.concurrent == concurrent]
     return out
 
 
 def choose(costs: Costs, num_envs: int, workers: str | None = None,
            servers: Sequence[str] = ("inline", "thread", "process"),
-           envs_per_worker: int | None = None, shareable: bool = True) -> tuple[Layout, list[Layout]]:
+           envs_per_worker: int | None = None, shareable: bool = True,
+           concurrent: bool | None = None) -> tuple[Layout, list[Layout]]:
     """The best predicted layout among those with an allowed server, and every prediction (best first).
 
     Near-ties (within 5 %) go to the layout with fewer processes: the model
     is not that precise, and processes cost memory and start-up time.
     """
-    layouts = candidate_layouts(num_envs, costs.cpus, workers, costs.engine, shareable)
+    layouts = candidate_layouts(num_envs, costs.cpus, workers, costs.engine, shareable, concurrent)
     if envs_per_worker is not None:  # the user fixed the grouping: only placements and splits are open
-        layouts = [Layout(l.workers, l.server, envs_per_worker, l.splits if envs_per_worker >= 2 else 1)
-                   for l in layouts]
+        layouts = [Layout(l.workers, l.server, envs_per_worker, l.splits if envs_per_worker >= 2 else 1,
+                          concurrent=l.concurrent) for l in layouts]
         layouts = list(dict.fromkeys(layouts))
     ranked = sorted((predict(layout, costs, num_envs) for layout in layouts if layout.server in servers),
                     key=lambda l: -l.predicted_fps)

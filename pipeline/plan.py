@@ -156,9 +156,10 @@ def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, p
     if workers == "thread" and costs.env_wait_s > WAITING_RATIO * costs.env_cpu_s:
         backend = None  # mostly-waiting envs: thread workers would make each env wait for the others
     requested = cfg.env.envs_per_worker
+    concurrent = str(cfg.workers.concurrent_envs).lower()
     best, _ = choose(costs, num_envs, workers=backend, servers=servers,
                      envs_per_worker=None if requested is None else min(int(requested), num_envs),
-                     shareable=shareable)
+                     shareable=shareable, concurrent=None if concurrent == "auto" else concurrent == "true")
     return best
 
 
@@ -203,6 +204,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
 
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     splits = int(cfg.workers.splits)
+    # Without a measurement, envs step concurrently only when asked to.
+    concurrent = str(cfg.workers.concurrent_envs).lower() == "true"
     measured: tuple[Any, str] | None = None
     splits_note: str | None = None
     if server == "inline":
@@ -216,7 +219,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         splits = 1
     elif transport == "auto" and costs is not None:
         chosen = _measured_layout(cfg, costs, num_envs, workers, policy_device, shareable)
-        workers, server, splits = chosen.workers, chosen.server, chosen.splits
+        workers, server, splits, concurrent = chosen.workers, chosen.server, chosen.splits, chosen.concurrent
         measured = (chosen, f"{chosen.envs_per_worker} envs per worker (measured)")
         transport = "none" if server == "inline" else "slots"
         reasons.append(("transport", _measured_reason(chosen, costs, num_envs)))
@@ -233,20 +236,23 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     else:
         reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
 
+    blocks_text = f"{splits} block(s) per worker"
+    if concurrent:
+        blocks_text = "each env in its own thread, served as it returns (none waits for another's step)"
+        if splits != 1:
+            blocks_text += f"; workers.splits={splits} -> 1 (no blocks to alternate)"
+            splits = 1
     if measured is not None:
         per_worker = measured[0].envs_per_worker
         count = math.ceil(num_envs / per_worker)
         reasons.insert(0, ("workers", f"auto (measured) -> {count} {workers} worker(s) of up to {per_worker} envs, "
-                                      f"{splits} block(s) each"))
-        splits_note = None
+                                      + blocks_text))
     else:
         per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
-    if measured is not None:
-        pass
-    elif server == "inline":
-        reasons.insert(0, ("workers", f"{why}{splits_note or f'; {splits} block(s) per worker'}"))
-    else:
-        reasons.insert(0, ("workers", f"{why}; {splits} block(s) per worker"))
+        if server == "inline" and not concurrent:
+            reasons.insert(0, ("workers", f"{why}{splits_note or '; ' + blocks_text}"))
+        else:
+            reasons.insert(0, ("workers", f"{why}; {blocks_text}"))
     where = {"process": "a dedicated process", "thread": "a driver thread",
              "inline": f"each of the {math.ceil(num_envs / per_worker)} env worker(s) (its own copy)"}[server]
     device_text = policy_device if policy_note == policy_device else f"{policy_device} ({policy_note})"
@@ -304,6 +310,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         chunks_per_worker=cfg.chunking.chunks_per_worker,
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
+        concurrent_envs=concurrent,
     )
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:

@@ -58,6 +58,9 @@ class WorkersSchema:
     backend: str = "auto"
     #: blocks a worker steps alternately, one request each (2: double-buffered)
     splits: int = 1
+    #: auto (as transport=auto measures), true (every env of a worker steps in its own thread and is served
+    #: as it returns: for envs whose step mostly waits) or false (a worker steps its envs one after another)
+    concurrent_envs: str = "auto"
     #: CPU sets for process workers, used round-robin (null: OS decides)
     affinity: list[list[int]] | None = None
     #: niceness increment of process workers (0-19): they yield to the server and trainer

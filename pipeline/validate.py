@@ -184,6 +184,11 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     # workers / transport / server
     _one_of(cfg, "workers.backend", ("auto", "thread", "process", "ray"))
     workers_backend = get("workers.backend")
+    _check(cfg, "workers.concurrent_envs", lambda v: str(v).lower() in ("auto", "true", "false"),
+           "auto, true or false")
+    if workers_backend == "ray" and str(get("workers.concurrent_envs")).lower() == "true":
+        raise ConfigError("workers.concurrent_envs=true: applies to thread and process workers; each Ray env "
+                          "host steps its envs as one block")
     if workers_backend == "ray":
         _validate_ray(cfg)
     affinity = get("workers.affinity")

@@ -30,6 +30,13 @@ GRAPHS = {
                                             splits=2),
     "thread-inline": GraphSpec("thread", "inline", num_envs=5, envs_per_worker=2, chunk_len=1),
     "process-inline": GraphSpec("process", "inline", num_envs=5, envs_per_worker=2, chunk_len=4),
+    # every env in its own thread, rows in completion order; 5 envs in workers of 3 and 2 (a narrower one)
+    "process-inline-concurrent": GraphSpec("process", "inline", num_envs=5, envs_per_worker=3, chunk_len=4,
+                                           concurrent_envs=True),
+    "process-process-concurrent": GraphSpec("process", "process", num_envs=5, envs_per_worker=3, chunk_len=2,
+                                            concurrent_envs=True),
+    "thread-thread-concurrent": GraphSpec("thread", "thread", num_envs=4, envs_per_worker=4, chunk_len=3,
+                                          concurrent_envs=True),
 }
 
 
@@ -91,10 +98,10 @@ def test_a_stalled_consumer_pauses_the_workers_instead_of_growing_memory():
         collector.shutdown()
 
 
-@pytest.mark.parametrize("workers", ["thread", "process"])
-def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
-    graph = GraphSpec(workers, "thread",
-                      num_envs=2, envs_per_worker=1, chunk_len=1)
+@pytest.mark.parametrize(("workers", "concurrent"), [("thread", False), ("process", False), ("process", True)])
+def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers, concurrent):
+    graph = GraphSpec(workers, "thread", num_envs=2, envs_per_worker=1 + concurrent, chunk_len=1,
+                      concurrent_envs=concurrent)
     collector = _collector(graph, 16, 4000, factory=ExplodingEnvFactory(at_step=30))
     started = time.monotonic()
     with pytest.raises(CollectorError, match=r"env worker \d .*boom at step 30"):
@@ -106,7 +113,8 @@ def test_an_env_crash_surfaces_as_an_error_naming_the_worker(workers):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("name", ["thread-thread", "process-process", "thread-inline", "process-inline"])
+@pytest.mark.parametrize("name", ["thread-thread", "process-process", "thread-inline", "process-inline",
+                                  "process-inline-concurrent"])
 def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(name):
     collector = _collector(GRAPHS[name], 32, -1).start()
     try:
@@ -127,10 +135,9 @@ def test_weights_pushed_mid_run_reach_the_data_with_the_version_they_were_given(
         collector.shutdown()  # idempotent
 
 
-@pytest.mark.parametrize("workers", ["thread", "process"])
-def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers):
-    graph = GraphSpec(workers, "thread",
-                      num_envs=4, envs_per_worker=2, chunk_len=2)
+@pytest.mark.parametrize(("workers", "concurrent"), [("thread", False), ("process", False), ("process", True)])
+def test_pause_quiesces_workers_and_resumes_without_losing_transitions(workers, concurrent):
+    graph = GraphSpec(workers, "thread", num_envs=4, envs_per_worker=2, chunk_len=2, concurrent_envs=concurrent)
     collector = _collector(graph, 24, -1).start()
     try:
         batches = [collector.next_batch() for _ in range(3)]

@@ -26,13 +26,25 @@ def test_the_limit_counts_cpu_time_on_the_cpus_and_wall_time_per_env():
     assert machine_limit(WAITING, 64) == pytest.approx(64 / 5e-3)
 
 
-def test_cheap_envs_keep_the_policy_inline_and_waiting_envs_get_a_worker_each():
+def test_cheap_envs_keep_the_policy_inline_and_waiting_envs_step_concurrently():
     best, ranked = choose(CHEAP, 64)
     assert best.server == "inline" and best.predicted_fps == ranked[0].predicted_fps
     assert best.predicted_fps <= machine_limit(CHEAP, 64)
-    best, _ = choose(WAITING, 64)
-    assert (best.workers, best.envs_per_worker) == ("process", 1), best
+    assert not best.concurrent, "a thread hand-off per step costs more than a cheap env's step"
+    best, ranked = choose(WAITING, 64)
+    assert best.workers == "process" and best.concurrent and best.envs_per_worker > 1, best
     assert best.predicted_fps >= 0.75 * machine_limit(WAITING, 64)
+    # one process per env was the way before: as fast while the CPUs idle (a near-tie goes to fewer
+    # processes), slower once they are busy, paying a cold process switch per step (as measured)
+    one_each = predict(Layout("process", "inline", 1), WAITING, 64)
+    assert one_each.predicted_fps < 1.05 * best.predicted_fps
+    busy = replace(WAITING, env_cpu_s=160e-6)
+    best_busy, _ = choose(busy, 64)
+    assert best_busy.concurrent
+    assert predict(Layout("process", "inline", 1), busy, 64).predicted_fps < 0.9 * best_busy.predicted_fps
+    # all 64 envs' threads in one interpreter: its GIL bounds them
+    single = predict(Layout("process", "inline", 64, concurrent=True), WAITING, 64)
+    assert single.bound == "gil" and single.predicted_fps < best.predicted_fps
     # stepping them one after another in one worker is what the rule of earlier versions did
     one = predict(Layout("process", "process", 64, 2), WAITING, 64)
     assert one.predicted_fps < 0.05 * best.predicted_fps and one.bound == "workers"
@@ -54,7 +66,10 @@ def test_the_plan_prints_the_measured_choice_and_moves_waiting_envs_to_processes
     assert plan.graph.server == "inline" and plan.graph.workers == "thread"
     assert "auto (measured) ->" in plan.reason("transport") and "predicted" in plan.reason("transport")
     plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
-    assert plan.graph.workers == "process" and plan.graph.envs_per_worker == 1
+    assert plan.graph.workers == "process" and plan.graph.concurrent_envs and plan.graph.splits == 1
+    assert "each env in its own thread" in plan.reason("workers")
+    plan = resolve_plan(compose("env.num_envs=64", "workers.concurrent_envs=false"), CPU, costs=WAITING)
+    assert plan.graph.workers == "process" and not plan.graph.concurrent_envs and plan.graph.envs_per_worker == 1
     plan = resolve_plan(compose("transport=slots", "server=thread"), CPU, costs=CHEAP)
     assert plan.graph.server == "thread", "transport=slots keeps the configured server"
     plan = resolve_plan(compose("device=auto", "workers=process"), GPU, costs=CHEAP)

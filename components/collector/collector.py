@@ -240,7 +240,8 @@ class AsyncBatchedCollector(BatchStream):
             for w, r in enumerate(self._rows):
                 ids = tuple(range(first, first + r))
                 assignments.append(WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), self._splits[w],
-                                                    skip_non_finite=self.skip_non_finite))
+                                                    skip_non_finite=self.skip_non_finite,
+                                                    concurrent=self.graph.concurrent_envs))
                 first += r
             affinity = [list(a) for a in self.graph.worker_affinity] if self.graph.worker_affinity else None
             self.workers.start(

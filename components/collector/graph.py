@@ -23,6 +23,9 @@ class GraphSpec:
         worker_affinity: CPU sets for process workers, used round-robin.
         worker_nice: niceness increment of process workers (they yield to
             the inference server and the trainer).
+        concurrent_envs: every env of a worker steps in its own thread and
+            its transition is written as it returns (for envs whose step
+            mostly waits); one block per worker, so ``splits`` must be 1.
 
     Examples:
         >>> g = GraphSpec("process", "process", num_envs=7, envs_per_worker=4, chunk_len=3, splits=2)
@@ -39,6 +42,7 @@ class GraphSpec:
     chunks_per_worker: int | None = None
     worker_affinity: tuple[tuple[int, ...], ...] | None = None
     worker_nice: int = 0
+    concurrent_envs: bool = False
 
     def __post_init__(self) -> None:
         if self.workers not in ("thread", "process"):
@@ -47,6 +51,8 @@ class GraphSpec:
             raise ValueError(f"server must be thread, process or inline, got {self.server!r}")
         if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits) < 1:
             raise ValueError("num_envs, envs_per_worker, chunk_len and splits must be >= 1")
+        if self.concurrent_envs and self.splits != 1:
+            raise ValueError("concurrent_envs steps every env on its own: splits must be 1")
         if self.chunks_per_worker is not None and self.chunks_per_worker < 1:
             raise ValueError(f"chunks_per_worker must be >= 1 or None, got {self.chunks_per_worker}")
 

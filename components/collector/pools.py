@@ -30,6 +30,8 @@ class WorkerAssignment:
     first_step: int = 0
     #: ``trainer.nan_policy=skip``: cut a non-finite step out instead of failing
     skip_non_finite: bool = False
+    #: ``workers.concurrent_envs``: every env in its own thread, stepping at once (one block per env)
+    concurrent: bool = False
 
 
 class _BlockMaker:
@@ -40,8 +42,9 @@ class _BlockMaker:
 
     def __call__(self) -> list[EnvBlock]:
         a, blocks, first = self.assignment, [], 0
+        sizes = (1,) * len(a.env_ids) if a.concurrent else a.split_sizes
         try:
-            for size in a.split_sizes:
+            for size in sizes:
                 ids = slice(first, first + size)
                 blocks.append(EnvBlock(self.factory, a.env_ids[ids], a.seeds[ids], a.first_step,
                                        skip_non_finite=a.skip_non_finite))
@@ -74,7 +77,8 @@ def _process_main(
         # preempts a stepping worker at once instead of waiting for its turn.
         os.nice(nice)
     try:
-        run_worker(assignment.worker, _BlockMaker(factory, assignment), channels, writer, control, mode, response_keys)
+        run_worker(assignment.worker, _BlockMaker(factory, assignment), channels, writer, control, mode, response_keys,
+                   assignment.concurrent)
     except BaseException:  # noqa: BLE001 - already reported through control
         os._exit(1)
 
@@ -100,7 +104,8 @@ class ThreadWorkers:
         """Start worker ``a.worker`` (again, after :meth:`retire`, to replace a crashed one)."""
         thread = threading.Thread(
             target=self._run,
-            args=(self._affinity, a.worker, _BlockMaker(factory, a), channels, writer, control, mode, response_keys),
+            args=(self._affinity, a.worker, _BlockMaker(factory, a), channels, writer, control, mode, response_keys,
+                  a.concurrent),
             name=f"env-worker-{a.worker}",
             daemon=True,
         )

@@ -69,7 +69,10 @@ class WorkerRestarts:
         c = self.collector
         c._pool.reclaim(w)
         control = c._control
-        first_step = int(control.timing[w, TIMING.index("steps")]) + 2  # past every step it took: a gap
+        # Past every step it took, leaving a gap. Concurrent envs step at their own pace: no env of the
+        # worker took more steps than the worker wrote transitions.
+        taken = TIMING.index("frames" if c.graph.concurrent_envs else "steps")
+        first_step = int(control.timing[w, taken]) + 2
         control.status[w], control.paused[w], control.activity[w] = STARTING, 0, BUILDING
         control.heartbeat[w] = time.monotonic()
         self._launches += 1
@@ -78,7 +81,8 @@ class WorkerRestarts:
         seeds = env_seeds(c._seed, c.graph.num_envs, restart=self._launches)
         affinity = [list(a) for a in c.graph.worker_affinity] if c.graph.worker_affinity else None
         c.workers.launch(
-            WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), c._splits[w], first_step, c.skip_non_finite),
+            WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), c._splits[w], first_step, c.skip_non_finite,
+                             c.graph.concurrent_envs),
             c.env_factory, c._worker_channels(w), c._pool.writer(w), control,
             int(c.interaction_mode), c.layout.response_keys, affinity,
         )

@@ -115,12 +115,15 @@ def run_worker(
     control: WorkerControl,
     interaction_mode: int,
     response_keys: tuple[str, ...],
+    concurrent: bool = False,
 ) -> None:
     """Run until ``control.stop``; report failures through ``control``.
 
     ``make_blocks`` builds the worker's env blocks, one per channel: with two
     (double-buffered sampling) one block steps while the server computes the
-    other's actions, so the worker rarely waits for inference.
+    other's actions, so the worker rarely waits for inference. With
+    ``concurrent`` the blocks hold one env each and step at once, in threads,
+    sharing the one channel (:mod:`components.collector.env_threads`).
     """
     control.activity[worker] = BUILDING
     control.heartbeat[worker] = time.monotonic()
@@ -131,7 +134,12 @@ def run_worker(
         raise
     try:
         control.status[worker] = RUNNING
-        _loop(worker, blocks, channels, chunks, control, interaction_mode, response_keys)
+        if concurrent:
+            from components.collector.env_threads import run_concurrent
+
+            run_concurrent(worker, blocks, channels[0], chunks, control, interaction_mode, response_keys)
+        else:
+            _loop(worker, blocks, channels, chunks, control, interaction_mode, response_keys)
         control.status[worker] = EXITED
     except _Stopped:
         control.status[worker] = EXITED
@@ -145,6 +153,15 @@ def run_worker(
     finally:
         for block in blocks:
             block.close()
+
+
+def acquire_chunk(worker: int, chunks: ChunkWriter, control: WorkerControl) -> dict[str, np.ndarray] | None:
+    """The next free chunk, or None within a bounded wait (the caller re-checks stop and pause); timed."""
+    control.activity[worker] = WAITING_CHUNK
+    started = time.perf_counter()
+    chunk = chunks.acquire(_WAIT_S)
+    control.timing[worker, 2] += time.perf_counter() - started
+    return chunk
 
 
 def _await(channel: ActionChannel, stop: np.ndarray) -> dict[str, np.ndarray]:
@@ -191,10 +208,7 @@ def _loop(
             _park(worker, control)
             continue
         if chunk is None:
-            activity[worker] = WAITING_CHUNK
-            started = clock()
-            chunk = chunks.acquire(_WAIT_S)
-            timing[2] += clock() - started
+            chunk = acquire_chunk(worker, chunks, control)
             if chunk is None:
                 continue  # re-check stop and pause
             t = 0

@@ -56,13 +56,15 @@ def _timed(step: Callable[[], int], warmup: float, seconds: float) -> tuple[int,
 
 
 _OPTIONS = {"epw": "envs_per_worker", "splits": "splits", "minb": "server_min_batch_size",
-            "timeout": "server_timeout", "threads": "server_threads", "nice": "nice", "graph": "static_batch_size"}
+            "timeout": "server_timeout", "threads": "server_threads", "nice": "nice", "graph": "static_batch_size",
+            "conc": "concurrent_envs"}
 
 
 def parse_ours(name: str, workload: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """``ours:w/t/s/chunking[@epw=4,splits=2,minb=8,timeout=0.001,threads=2,graph=16]``.
+    """``ours:w/t/s/chunking[@epw=4,splits=2,minb=8,timeout=0.001,threads=2,graph=16,conc=1]``.
 
-    ``graph=N`` (CUDA) pads batches to N rows and replays a captured CUDA graph.
+    ``graph=N`` (CUDA) pads batches to N rows and replays a captured CUDA graph;
+    ``conc=1`` steps each worker's envs concurrently, one thread each.
 
     The optional ``@`` part overrides workload settings for this contender
     only, so variants can be compared within one alternating run.
@@ -103,7 +105,7 @@ def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -
     layout, _ = choose(costs, num_envs, servers=servers)
     graph = GraphSpec(layout.workers, layout.server, num_envs=num_envs, envs_per_worker=layout.envs_per_worker,
                       chunk_len=chunk_len_for(layout.workers, layout.envs_per_worker, num_envs, frames_per_batch),
-                      splits=layout.splits)
+                      splits=layout.splits, concurrent_envs=layout.concurrent)
     return graph, layout, costs
 
 
@@ -120,12 +122,13 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     if transport not in ("slots", "none"):
         raise ValueError(f"{name}: the transport part must be 'slots' or 'none' (server inline; got {transport!r})")
     per_worker, _ = auto_envs_per_worker(workload.get("envs_per_worker"), num_envs, workers, CPUS, server)
-    splits = 1 if server == "inline" else workload.get("splits") or (2 if workers == "process" else 1)
+    concurrent = bool(workload.get("concurrent_envs"))
+    splits = 1 if server == "inline" or concurrent else workload.get("splits") or (2 if workers == "process" else 1)
     chunk_len = chunk_len_for(workers, per_worker, num_envs, frames_per_batch, chunking)
     nice = workload.get("nice")
     nice = 0 if nice is None else int(nice)
     return GraphSpec(workers, server, num_envs=num_envs, envs_per_worker=per_worker,
-                     chunk_len=chunk_len, splits=int(splits), worker_nice=nice)
+                     chunk_len=chunk_len, splits=int(splits), worker_nice=nice, concurrent_envs=concurrent)
 
 
 def _ray_collector(workload: dict[str, Any], num_envs: int, server: Any) -> tuple[Any, Any, dict[str, Any]]:

@@ -75,10 +75,11 @@ def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, An
         graph = result.get("graph")
         if not graph:
             return None
-        layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"])
+        layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"],
+                        concurrent=bool(graph.get("concurrent_envs")))
     else:
         g = ours_graph(contender, workload, num_envs, int(workload["frames_per_batch"]))
-        layout = Layout(g.workers, g.server, g.envs_per_worker, g.splits)
+        layout = Layout(g.workers, g.server, g.envs_per_worker, g.splits, concurrent=g.concurrent_envs)
     return predict(layout, costs, num_envs).predicted_fps
 
 
