@@ -195,11 +195,12 @@ class AtariEnvFactory:
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
         _ensure_registered(self.id)
+        kwargs = {"obs_type": "grayscale", **dict(self.kwargs)}
         env = gym.make(
             self.id,
             frameskip=1,
             repeat_action_probability=self.repeat_action_probability,
-            **dict(self.kwargs),
+            **kwargs,
         )
         env = AtariPreprocessing(
             env,

@@ -88,3 +88,27 @@ def test_atari_factory_gives_uint8_frame_stacks():
         assert spec.action_kind == "discrete" and spec.action_n == 6
     finally:
         env.close()
+
+
+def test_atari_frames_are_the_same_whether_the_inner_env_renders_rgb_or_grey():
+    # the grey inner env only saves a copy: the preprocessing reads the screen from the emulator itself
+    pytest.importorskip("ale_py")
+
+    def frames(obs_type: str) -> list[np.ndarray]:
+        env = AtariEnvFactory(kwargs={"obs_type": obs_type})()
+        try:
+            obs, _ = env.reset(seed=4)
+            rng = np.random.default_rng(0)
+            out = [obs]
+            for _ in range(120):
+                obs, _, term, trunc, _ = env.step(int(rng.integers(6)))
+                out.append(obs)
+                if term or trunc:
+                    out.append(env.reset()[0])
+            return out
+        finally:
+            env.close()
+
+    grey, rgb = frames("grayscale"), frames("rgb")
+    assert len(grey) == len(rgb) and all(np.array_equal(a, b) for a, b in zip(grey, rgb))
+    assert any(not np.array_equal(grey[0], g) for g in grey[1:]), "the screen changes: the test compares something"
