@@ -32,9 +32,10 @@ def main() -> None:
 
 
 def _main() -> None:
-    from pipeline.signals import catch_early
+    from pipeline.signals import catch_early, survive_closed_stdout
 
     catch_early()  # SIGTERM during start-up ends like Ctrl-C: one line, 130
+    survive_closed_stdout()  # `python -m pipeline | head` must not kill the run
 
     from pipeline.resume import resume_argv
     from pipeline.validate import ConfigError

@@ -53,6 +53,57 @@ def exit_interrupted(code: int = 130) -> NoReturn:
     leave(code, wait_for_threads=False)
 
 
+class _StdoutOrNothing:
+    """``sys.stdout`` that goes quiet, instead of raising, once its reader is gone (``... | head``).
+
+    A training run must not die halfway because a pager stopped reading its
+    progress lines: its checkpoint, metrics and run directory are what
+    matter. On the first ``BrokenPipeError`` the stdout descriptor is
+    pointed at ``/dev/null`` (so what is still buffered, and whatever child
+    processes print, drains there) and the run goes on.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def _silence(self) -> None:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        try:
+            self._stream.flush()  # what was buffered for the closed pipe
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def survive_closed_stdout() -> None:
+    """From here on a closed stdout (its reader exited) silences the run's output instead of ending the run."""
+    import sys
+
+    if not isinstance(sys.stdout, _StdoutOrNothing) and sys.stdout is not None:
+        sys.stdout = _StdoutOrNothing(sys.stdout)
+
+
 def leave(code: int, wait_for_threads: bool = True) -> NoReturn:
     """Run the exit handlers and leave with ``code``, without the interpreter's teardown.
 

@@ -184,3 +184,26 @@ def test_the_policy_inline_in_the_workers_trains_with_every_trainer(tmp_path, ov
     assert rows[-1]["server/weight_updates_total"] > 1
     if trainer == "dqn":
         assert rows[-1]["train/epsilon"] < 1.0 and rows[-1]["replay/sampled"] > 0
+
+
+def test_a_reader_that_stops_reading_stdout_does_not_end_the_run(tmp_path):
+    """``python -m pipeline | head -3``: the run goes on quietly and finishes, nothing lost, no traceback."""
+    run_dir = tmp_path / "piped"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "trainer.total_frames=8192", "trainer.target_return=null", "logger=jsonl",
+         "logger.interval=0.2", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]  # the plan's first lines, then the reader leaves
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert lines[0].startswith("plan:")
+    assert proc.returncode == 0, err[-3000:]
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err[-3000:]
+    _, summary = _rows(run_dir)
+    assert summary["frames"] == 8192 and (run_dir / "checkpoint.pt").exists()
