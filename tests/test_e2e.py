@@ -207,3 +207,17 @@ def test_a_reader_that_stops_reading_stdout_does_not_end_the_run(tmp_path):
     assert "BrokenPipeError" not in err and "Traceback" not in err, err[-3000:]
     _, summary = _rows(run_dir)
     assert summary["frames"] == 8192 and (run_dir / "checkpoint.pt").exists()
+
+
+def test_envs_that_mostly_wait_train_with_concurrent_envs_chosen_by_measurement(tmp_path):
+    """transport=auto probes a 2 ms step that computes for ~0.1 ms and lets every env step on its own."""
+    run_dir = tmp_path / "waiting"
+    result = run_pipeline(["~env.factory.id", "env.factory._target_=pipeline.bench.waiting_env.WaitingEnvFactory",
+                           "+env.factory.mean_ms=2.0", "env.num_envs=16", "trainer.total_frames=4096",
+                           "trainer.target_return=null", "logger=jsonl", "progress=false",
+                           f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "each env in its own thread" in result.stdout, result.stdout
+    rows, summary = _rows(run_dir)
+    assert summary["frames"] == 4096
+    assert rows[-1]["server/policy_version"] > 0, "the trainer's weights reached the workers' copies"
