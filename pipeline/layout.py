@@ -234,8 +234,11 @@ def _predict_concurrent(layout: Layout, costs: Costs, num_envs: int) -> Layout:
         cpu_per_frame = (c.env_cpu_s + c.hop_s + c.loop_env_s
                          + (c.loop_step_s + (1 + hops) * c.hop_s + batch * c.infer_at(batch)) / batch)
         wall_bound = num_envs / (c.env_wall_s + c.hop_s + turnaround)
-        bounds = {"workers": wall_bound, "gil": n_workers / cpu_per_frame,
-                  "cpu": c.cpus / (cpu_per_frame + c.trainer_s)}
+        if layout.workers == "thread":  # the env threads run in the driver: one GIL with the trainer
+            bounds = {"workers": wall_bound, "gil": 1.0 / (cpu_per_frame + c.trainer_s)}
+        else:
+            bounds = {"workers": wall_bound, "gil": n_workers / cpu_per_frame,
+                      "cpu": c.cpus / (cpu_per_frame + c.trainer_s)}
         if c.trainer_s > 0:
             bounds["trainer"] = 1.0 / c.trainer_s
         if layout.server != "inline":
@@ -259,6 +262,8 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engi
     backends = [workers] if workers else ["thread", "process"]
     if "thread" in backends:
         out += [Layout("thread", server, num_envs) for server in ("inline", "thread", "process")]
+        if num_envs >= 2:
+            out.append(Layout("thread", "inline", num_envs, concurrent=True))
     if "process" in backends:
         counts = sorted({min(num_envs, k) for k in
                          (1, max(1, cpus - 1), cpus, 2 * cpus, 4 * cpus, 8 * cpus, num_envs)} - {0})

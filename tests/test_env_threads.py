@@ -134,3 +134,19 @@ def test_a_crashed_concurrent_worker_is_replaced_and_its_envs_go_on_past_their_l
     for env, steps in per_env.items():
         assert steps == sorted(set(steps)), f"env {env}: steps repeat or go back after the restart"
     assert any(np.diff(steps).max() > 1 for steps in per_env.values()), "the restart leaves a gap"
+
+
+def test_a_hang_while_a_pause_waits_for_the_steps_in_flight_is_caught():
+    graph = GraphSpec("process", "inline", num_envs=3, envs_per_worker=3, chunk_len=2, concurrent_envs=True)
+    collector = AsyncBatchedCollector(UnevenEnvFactory(slow_s=0.0, hang_at=1), SMALL_MLP, graph, frames_per_batch=32,
+                                      total_frames=-1, seed=1, step_timeout=1.5, max_restarts=0, stall_timeout=None)
+    try:
+        collector.start()
+        collector.next_batch()  # envs 1 and 2 fill it; env 0 hangs in its first step
+        started = time.monotonic()
+        with pytest.raises(CollectorError, match=r"env worker 0 \(envs 0-2\) hung"):
+            with collector.pause(timeout=20):
+                pass
+        assert time.monotonic() - started < 10, "caught by the step watchdog, not by the pause's own timeout"
+    finally:
+        collector.shutdown()

@@ -168,3 +168,13 @@ def test_the_trainer_probe_times_a_real_step_on_a_copy_of_the_model():
     # a step over budget is extrapolated from 8 and 32 rows: more rows never cost less
     big = time_training(model, spec, rows=4096, budget_s=1e-6)
     assert step <= big < 200 * step
+
+
+def test_concurrent_envs_can_be_asked_for_or_refused_whatever_the_model_says():
+    plan = resolve_plan(compose("workers=thread", "workers.concurrent_envs=true"), CPU, costs=CHEAP)
+    assert plan.graph.workers == "thread" and plan.graph.concurrent_envs
+    plan = resolve_plan(compose("workers=process", "transport=slots", "workers.concurrent_envs=true"), CPU)
+    assert plan.graph.concurrent_envs and plan.graph.splits == 1
+    assert "workers.splits=2 -> 1" in plan.reason("workers")
+    plan = resolve_plan(compose("workers=process", "transport=slots"), CPU)
+    assert not plan.graph.concurrent_envs, "auto without a probe: stepped in turn"

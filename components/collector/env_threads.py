@@ -43,10 +43,10 @@ _STOP = None
 
 
 class EnvFailed(Exception):
-    """An env's step raised in its thread; re-raised by the worker's main thread."""
+    """An env's step raised in its thread; raised again by the worker's main thread, naming the env."""
 
     def __init__(self, env: int, error: BaseException) -> None:
-        super().__init__(f"env {env}: {type(error).__name__}: {error}")
+        super().__init__(f"env {env} raised {type(error).__name__}: {error}")
         self.env, self.error = env, error
 
 
@@ -172,7 +172,7 @@ class _Strided:
 def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: ChunkWriter, control: Any,
                    mode: int, response_keys: tuple[str, ...]) -> None:
     """The worker loop for blocks of one env each, all stepping at once (see the module docstring)."""
-    from components.collector.worker import STEPPING, WAITING_ACTIONS, _await, _park, acquire_chunk
+    from components.collector.worker import STEPPING, _await, _park, acquire_chunk
 
     stop, pause, timing = control.stop[worker:worker + 1], control.pause, control.timing[worker]
     activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
@@ -218,9 +218,11 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
         written = 0
         while not stop[0]:
             if pause[0]:
-                # Quiesce: every step in flight comes back (its transition is written after the pause).
-                activity[worker] = WAITING_ACTIONS
+                # Quiesce: every step in flight comes back (its transition is written after the pause);
+                # an env that hangs meanwhile is still a hang to the watchdog.
+                activity[worker] = STEPPING
                 while envs.in_flight and not stop[0]:
+                    heartbeat[worker] = envs.oldest_step_start()
                     pending += envs.returned(_POLL_S)
                 _park(worker, control)
                 continue
@@ -262,7 +264,5 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
             if written == capacity:
                 chunks.commit()
                 chunk = None
-    except EnvFailed as failed:
-        raise RuntimeError(str(failed)) from failed.error
     finally:
         envs.stop()

@@ -145,7 +145,10 @@ def run_worker(
         control.status[worker] = EXITED
     except BaseException as exc:
         if not control.stop[worker]:
-            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            from components.collector.env_threads import EnvFailed
+
+            detail = (str(exc) if isinstance(exc, EnvFailed)  # it names the env of the worker's that raised
+                      else traceback.format_exception_only(type(exc), exc)[-1].strip())
             ids = np.concatenate([b.env_ids for b in blocks])
             control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}")
             raise

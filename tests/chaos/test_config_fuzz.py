@@ -18,7 +18,7 @@ BAD = [
     "server.timeout=-1", "server.num_threads=0", "server.stats_reservoir=0", "server.engine=jax",
     "server.backend=gpu", "server.static_batch_size=8", "env.num_envs=0", "env.num_envs=-1",
     "env.envs_per_worker=0", "env.id=NoSuchEnv-v0", "env.id=CartPol-v1", "workers.splits=0", "workers.nice=25",
-    "workers.nice=-1", "workers.step_timeout=0", "workers.affinity=[[0]]", "transport.kind=wormhole",
+    "workers.nice=-1", "workers.step_timeout=0", "workers.concurrent_envs=maybe", "workers.affinity=[[0]]", "transport.kind=wormhole",
     "device.policy_device=tpu", "device.policy_device=cuda", "device.trainer_device=cuda:3",
     "device.storing_device=cuda", "chunking.mode=sometimes", "chunking.chunks_per_worker=0",
     "chunking.chunks_per_worker=2", "collector.stall_timeout=0", "collector.stall_timeout=-5",
