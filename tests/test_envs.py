@@ -112,3 +112,56 @@ def test_atari_frames_are_the_same_whether_the_inner_env_renders_rgb_or_grey():
     grey, rgb = frames("grayscale"), frames("rgb")
     assert len(grey) == len(rgb) and all(np.array_equal(a, b) for a, b in zip(grey, rgb))
     assert any(not np.array_equal(grey[0], g) for g in grey[1:]), "the screen changes: the test compares something"
+
+
+@pytest.mark.parametrize(("game", "life_loss"), [("ALE/Pong-v5", False), ("ALE/Breakout-v5", True)])
+def test_direct_atari_preprocessing_gives_gymnasiums_frames_rewards_and_ends(game, life_loss):
+    """Same seed, same actions: every observation, reward, end and life count equals gymnasium's wrapper's."""
+    pytest.importorskip("ale_py")
+    from components.atari import DirectAtariPreprocessing
+
+    def trajectory(direct: bool) -> list[tuple]:
+        env = AtariEnvFactory(game, terminal_on_life_loss=life_loss, direct=direct)()
+        try:
+            inner = env.env
+            assert isinstance(inner, DirectAtariPreprocessing) == direct
+            if direct:
+                assert inner.direct_blocker is None, inner.direct_blocker
+            obs, _ = env.reset(seed=11)
+            rng = np.random.default_rng(5)
+            out: list[tuple] = [(obs,)]
+            for _ in range(700):
+                obs, reward, term, trunc, info = env.step(int(rng.integers(env.action_space.n)))
+                out.append((obs, reward, term, trunc, info["lives"]))
+                if term or trunc:
+                    out.append((env.reset()[0],))
+            return out
+        finally:
+            env.close()
+
+    direct, reference = trajectory(True), trajectory(False)
+    assert len(direct) == len(reference)
+    for step, (a, b) in enumerate(zip(direct, reference)):
+        assert np.array_equal(a[0], b[0]) and a[1:] == b[1:], f"step {step} differs"
+    ends = sum(1 for t in reference if len(t) > 1 and (t[2] or t[3]))
+    assert ends >= (3 if life_loss else 0), "Breakout loses lives within the test: the end paths are compared"
+    assert any(t[1] for t in reference if len(t) > 1), "some reward was seen: the sums are compared"
+
+
+def test_direct_atari_preprocessing_steps_through_a_time_limit_the_way_gymnasium_does():
+    pytest.importorskip("ale_py")
+
+    def truncated_at(direct: bool) -> int:
+        env = AtariEnvFactory("ALE/Pong-v5", kwargs={"max_episode_steps": 40}, direct=direct)()
+        try:
+            if direct:
+                assert "TimeLimit" in (env.env.direct_blocker or "")
+            env.reset(seed=0)  # the no-op starts count against the limit too
+            for step in range(1, 41):
+                if env.step(0)[3]:
+                    return step
+            return -1
+        finally:
+            env.close()
+
+    assert truncated_at(True) == truncated_at(False) > 0
