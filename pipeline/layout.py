@@ -251,7 +251,9 @@ def _predict_concurrent(layout: Layout, costs: Costs, num_envs: int) -> Layout:
         returned = per_worker * turnaround / (c.env_wall_s + turnaround)
         queued = 0.5 * per_worker * max(0.0, 1.0 - rate / wall_bound)
         batch = min(float(per_worker), max(1.0, returned, queued))
-    return _with_bounds(layout, bounds)
+    out = _with_bounds(layout, bounds)
+    out.detail["batch"] = batch  # rows per policy call: what the plan quotes the policy's cost at
+    return out
 
 
 def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engine: str = "numpy",

@@ -167,10 +167,12 @@ def _measured_reason(chosen: Any, costs: Any, num_envs: int) -> str:
     from pipeline.layout import machine_limit
 
     limit = machine_limit(costs, num_envs)
+    # concurrent envs: the policy sees the envs that returned together, not the whole worker
+    rows = chosen.detail.get("batch", chosen.envs_per_worker)
     return (f"auto (measured) -> {chosen.describe(num_envs)}: predicted {chosen.predicted_fps:,.0f} frames/s "
             f"({chosen.bound}-bound; limit {limit:,.0f}); env step {costs.env_wall_s * 1e6:,.1f} us wall / "
-            f"{costs.env_cpu_s * 1e6:,.1f} us CPU, policy {costs.infer_at(chosen.envs_per_worker) * 1e6:.2f} "
-            f"us/sample at {chosen.envs_per_worker} rows ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us"
+            f"{costs.env_cpu_s * 1e6:,.1f} us CPU, policy {costs.infer_at(rows) * 1e6:.2f} "
+            f"us/sample at {rows:.3g} row{'' if rows == 1 else 's'} ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us"
             + (f", trainer {costs.trainer_s * 1e6:,.1f} us/frame" if costs.trainer_s else ""))
 
 
