@@ -185,5 +185,7 @@ def test_concurrent_envs_can_be_asked_for_or_refused_whatever_the_model_says():
 def test_the_plan_quotes_the_policy_at_the_batch_concurrent_envs_give_it():
     plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
     assert plan.graph.concurrent_envs
-    rows = float(plan.reason("transport").split("us/sample at ")[1].split(" rows")[0])
+    import re
+
+    rows = float(re.search(r"us/sample at ([\d.]+) rows?\b", plan.reason("transport")).group(1))
     assert 1 <= rows < plan.graph.envs_per_worker, "the envs that returned together, not the whole worker"
