@@ -54,9 +54,9 @@ class EnvThread:
     """One env's stepping thread: waits for a go, steps with the action the main thread left, reports back."""
 
     def __init__(self, index: int, block: EnvBlock, action: np.ndarray, rows: dict[str, np.ndarray],
-                 obs: np.ndarray, done: queue.SimpleQueue) -> None:
+                 obs: np.ndarray, done: queue.SimpleQueue, started_at: np.ndarray) -> None:
         self.index, self.block, self._action, self._rows, self._obs = index, block, action, rows, obs
-        self._done = done
+        self._done, self._started_at = done, started_at
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"env-{int(block.env_ids[0])}", daemon=True)
 
@@ -71,6 +71,9 @@ class EnvThread:
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which fails the worker
                 done.put(EnvFailed(int(block.env_ids[0]), exc))
                 return
+            # No longer in a step: cleared here, not when the main thread gets to it, so a worker that was
+            # waiting for a chunk meanwhile never looks hung on steps that already returned.
+            self._started_at[k] = np.inf
             done.put(k if not skipped else -1 - k)  # negative: this step was cut out as non-finite
 
 
@@ -87,13 +90,14 @@ class ConcurrentEnvs:
         self.actions = np.zeros((n, *spec.action_shape), np.int64 if spec.action_kind == "discrete" else np.float32)
         self.env_ids = np.concatenate([b.env_ids for b in self.blocks])
         self.done: queue.SimpleQueue = queue.SimpleQueue()
+        #: monotonic start of each env's step in progress (inf: none); its thread clears it on return
+        self.started_at = np.full(n, np.inf)
         self.threads = [
             EnvThread(k, b, self.actions[k:k + 1], {key: v[k:k + 1] for key, v in self.rows.items()},
-                      obs[k:k + 1], self.done)
+                      obs[k:k + 1], self.done, self.started_at)
             for k, b in enumerate(self.blocks)
         ]
-        self.started_at = np.full(n, np.inf)  # monotonic start of each env's step in flight (inf: none)
-        self.in_flight = 0
+        self.in_flight = 0  # steps sent whose return the main thread has not taken yet
 
     def reset(self) -> None:
         for k, block in enumerate(self.blocks):
@@ -129,7 +133,9 @@ class ConcurrentEnvs:
         return out
 
     def oldest_step_start(self) -> float:
-        return float(self.started_at.min()) if self.in_flight else time.monotonic()
+        """When the oldest step still in progress began (now, if none is): the worker's heartbeat."""
+        oldest = float(self.started_at.min())
+        return oldest if oldest != np.inf else time.monotonic()
 
     def stop(self) -> None:
         for t in self.threads:
@@ -247,7 +253,6 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
                 timing[6] += len(skipped)
                 back = [k if k >= 0 else -1 - k for k in back]
             ks = np.asarray(back, np.int64)
-            envs.started_at[ks] = np.inf
             rows = slice(written, written + take)
             flat["observation"][rows] = acted[ks]
             flat["env_index"][rows] = envs.env_ids[ks]
