@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import time
 
 import pytest
 
+from pipeline.bench.bare import run_bare
 from pipeline.bench.contenders import ours_graph
 from pipeline.bench.harness import format_report, run_bench, trial_plan
 from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
@@ -40,12 +43,12 @@ def test_the_sweep_adds_env_counts_and_caps_torchrl_but_never_the_main_count():
 
 def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 2, "warmup": 0.2, "seconds": 0.5,
-           "contenders": ["gym_sync", "ours:thread/slots/thread/auto", "ours:process/slots/thread/auto"],
+           "contenders": ["gym_sync", "ours:thread/slots/thread/auto", "ours:process/slots/thread/auto", "bare_procs"],
            "sweep_envs": [2], "sweep_contenders": ["gym_sync"], "trial_timeout": 120}
     lines: list[str] = []
     report = run_bench(cfg, tmp_path, log=lines.append)
     order = [t["contender"] for t in report["trials"] if t["num_envs"] == 4]
-    assert order[:3] == cfg["contenders"] and order[3:] == cfg["contenders"][::-1], "alternating, reversed"
+    assert order[:4] == cfg["contenders"] and order[4:] == cfg["contenders"][::-1], "alternating, reversed"
     for name in cfg["contenders"]:
         entry = report["summary"][name]["4"]
         assert entry["ok"] == 2 and entry["median"] > 0, (name, entry)
@@ -54,4 +57,30 @@ def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     saved = json.loads((tmp_path / "bench_cartpole.json").read_text())
     assert saved["summary"].keys() == report["summary"].keys()
     table = format_report(report)
-    assert "x gym_sync" in table and "% of limit" in table and "machine limit" in table
+    assert "x gym_sync" in table and "x bare_procs" in table and "% of limit" in table and "machine limit" in table
+
+
+@pytest.mark.timeout(120)
+def test_bare_procs_runs_one_loop_per_cpu_and_leaves_no_process():
+    result = run_bare(WORKLOAD, 5, warmup=0.2, seconds=0.5, cpus=2)
+    assert result["graph"] == {"processes": 2, "envs_per_process": [3, 2]}
+    assert result["frames"] > 0 and result["seconds"] >= 0.5
+    assert mp.active_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_bare_procs_fails_when_one_of_its_processes_dies():
+    workload = {**WORKLOAD, "env": {"_target_": "tests.fakes.FaultyEnvFactory", "at_step": 30}}
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"bare_procs: process \d exited with code 1"):
+        run_bare(workload, 4, warmup=1.0, seconds=5.0, cpus=2)
+    assert time.monotonic() - start < 60
+    assert mp.active_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_bare_procs_kills_a_hung_process_and_returns():
+    workload = {**WORKLOAD, "env": {"_target_": "tests.fakes.FaultyEnvFactory", "at_step": 30, "fault": "hang"}}
+    result = run_bare(workload, 2, warmup=0.2, seconds=0.5, cpus=2)
+    assert result["frames"] == 0, "both hung before the timing began"
+    assert mp.active_children() == []

@@ -147,7 +147,7 @@ def run_worker(
         if not control.stop[worker]:
             from components.collector.env_threads import EnvFailed
 
-            detail = (str(exc) if isinstance(exc, EnvFailed)  # it names the env of the worker's that raised
+            detail = (str(exc) if isinstance(exc, EnvFailed)  # already names which of the worker's envs raised
                       else traceback.format_exception_only(type(exc), exc)[-1].strip())
             ids = np.concatenate([b.env_ids for b in blocks])
             control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}")

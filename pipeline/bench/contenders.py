@@ -13,6 +13,10 @@ warm-up that is not timed, then counts frames for ``seconds``:
   set against the local process layout it is the cost of going through Ray.
 * ``gym_sync`` / ``gym_async``: a gymnasium ``SyncVectorEnv`` /
   ``AsyncVectorEnv(shared_memory=True)`` loop, one batched forward per step.
+* ``bare_procs``: no collector, one hand-written loop per CPU, each stepping
+  its envs in turn and running its own policy copy (:mod:`pipeline.bench.bare`):
+  what this machine gives the workload, against which the limit's sum of
+  separately probed costs is optimistic.
 * ``torchrl_auto`` / ``torchrl_driver``: TorchRL's ``AsyncBatchedCollector``
   (when torchrl is installed) with ``transport="auto"`` / ``"driver"``.
 """
@@ -193,6 +197,9 @@ def _measure(collector: Any, warmup: float, seconds: float, graph: dict[str, Any
         def step() -> int:
             return collector.next_batch().numel()
 
+        # The first batch can take seconds (the driver's first tensordict import) while the workers fill
+        # every chunk; the warm-up starts after it, so no backlog collected before it is timed.
+        step()
         _timed(step, warmup, 0.0)
         collector.server_stats(reset=True)
         collector.worker_stats()
@@ -343,6 +350,10 @@ def trial_main(spec: dict[str, Any], conn: Any) -> None:
             result = measure_limit(workload, spec["num_envs"])
         elif name.startswith("ours:"):
             result = _run_ours(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
+        elif name == "bare_procs":
+            from pipeline.bench.bare import run_bare
+
+            result = run_bare(workload, spec["num_envs"], spec["warmup"], spec["seconds"], CPUS)
         elif name.startswith("gym_"):
             result = _run_gym(name, workload, spec["num_envs"], spec["warmup"], spec["seconds"])
         elif name.startswith("torchrl_"):

@@ -31,11 +31,12 @@ OURS = [
     "ours:process/slots/process/auto",
     "ours:process/slots/process/step",
 ]
-BASELINES = ["gym_sync", "gym_async"]
+BASELINES = ["gym_sync", "gym_async", "bare_procs"]
 TORCHRL = ["torchrl_auto", "torchrl_driver"]
 #: ``contenders: default``: what ``transport=auto`` picks, the central-server and inline layouts, the
 #: baselines, and TorchRL where it starts in reasonable time (one process per env).
-DEFAULT = ["ours:auto", "ours:process/slots/process/auto", "ours:process/none/inline/auto", "gym_sync", "gym_async"]
+DEFAULT = ["ours:auto", "ours:process/slots/process/auto", "ours:process/none/inline/auto", "gym_sync", "gym_async",
+           "bare_procs"]
 DEFAULT_TORCHRL_MAX_ENVS = 16
 
 
@@ -275,7 +276,8 @@ def format_report(report: dict[str, Any]) -> str:
     def median(name: str, n: str = main) -> float | None:
         return summary.get(name, {}).get(n, {}).get("median")
 
-    references = [(name, median(name)) for name in ("gym_sync", "gym_async", "torchrl_auto", "torchrl_driver")]
+    references = [(name, median(name)) for name in ("gym_sync", "gym_async", "torchrl_auto", "torchrl_driver",
+                                                         "bare_procs")]
     references = [(name, value) for name, value in references if value]
     limit = report["limit"].get("fps") if report["limit"].get("ok") else None
     m = report["machine"]
