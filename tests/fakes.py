@@ -58,7 +58,7 @@ def _first_to_claim(path: str) -> bool:
 
 
 class FaultyEnvFactory:
-    """CartPole whose envs fail from their ``at_step``-th step (counted per process).
+    """CartPole whose envs fail from their ``at_step``-th step (each env counts its own).
 
     ``fault``: "raise" (an env that crashes), "hang" (a step that blocks for
     an hour: a hung simulator), "nan_reward" (a NaN reward) or "nan_obs"
