@@ -188,7 +188,7 @@ class AtariEnvFactory:
     ``direct`` (the default) the frame skip acts on the emulator itself
     instead of stepping the wrapped env once per frame
     (:class:`~components.atari.DirectAtariPreprocessing`: the same frames,
-    rewards and ends in about half the time); ``direct=False`` is
+    rewards and ends, 305-330 against 366-434 us per Pong step); ``direct=False`` is
     gymnasium's ``AtariPreprocessing`` as it is.
     """
 

@@ -261,8 +261,8 @@ def candidate_layouts(num_envs: int, cpus: int, workers: str | None = None, engi
     """Every layout worth predicting (``workers`` restricts the env backend).
 
     ``shareable``: the policy device can be shared with a server process.
-    ``concurrent``: True offers only process workers whose envs step
-    concurrently, False none of those, None both kinds.
+    ``concurrent``: True offers only layouts whose envs step concurrently
+    (process or thread workers), False none of those, None both kinds.
     """
     out: list[Layout] = []
     backends = [workers] if workers else ["thread", "process"]
