@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from components.atomic_files import write_atomic
 
 JOBS_DIR = ".jobs"
 OBJECTIVES = ("episode/return_mean", "collector/frames_per_s", "wall_time_s")
@@ -53,12 +54,10 @@ def record_path(sweep_dir: Path, num: int) -> Path:
 
 
 def write_record(sweep_dir: Path, record: JobRecord) -> None:
-    """Atomically (re)write this job's record."""
+    """Atomically and durably (re)write this job's record (no planted link followed; the umask sets its mode)."""
     path = record_path(sweep_dir, record.num)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(record)))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(asdict(record)), mode=0o666)
 
 
 def read_records(sweep_dir: Path) -> list[JobRecord]:
@@ -116,9 +115,9 @@ def report(sweep_dir: Path, objective_key: str, direction: str, argv_prefix: lis
         if record.status == "started":  # started, never ended: killed with its worker
             record.status, record.reason = "failed", "the job ended without reporting (killed?)"
     lines = []
-    with open(sweep_dir / "sweep.jsonl", "w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(json.dumps({**asdict(record), "objective_key": objective_key}) + "\n")
+    write_atomic(sweep_dir / "sweep.jsonl",
+                 "".join(json.dumps({**asdict(record), "objective_key": objective_key}) + "\n" for record in records),
+                 mode=0o666)
     done = [r for r in records if r.ok and r.objective is not None]
     best = None
     if done:

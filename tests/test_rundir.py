@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import stat
 
 import pytest
 
@@ -17,37 +18,47 @@ from tests.conftest import compose
 CTX = mp.get_context("spawn")
 
 
-def _claim(path: str, results) -> None:  # noqa: ANN001
+def _claim(path: str, results, release) -> None:  # noqa: ANN001
     from pathlib import Path
 
     try:
-        claim_run_dir(Path(path))
-        results.put("won")
+        claim = claim_run_dir(Path(path))
     except ConfigError:
         results.put("refused")
+        return
+    results.put("won")
+    release.wait(60)  # a run holds its directory for its whole life
+    claim.release()
 
 
 def test_of_many_processes_claiming_one_directory_exactly_one_wins(tmp_path):
-    results = CTX.Queue()
-    procs = [CTX.Process(target=_claim, args=(str(tmp_path / "run"), results), daemon=True) for _ in range(6)]
-    for p in procs:
-        p.start()
-    outcomes = sorted(results.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(30)
+    results, release = CTX.Queue(), CTX.Event()
+    procs = [CTX.Process(target=_claim, args=(str(tmp_path / "run"), results, release), daemon=True)
+             for _ in range(6)]
+    try:
+        for p in procs:
+            p.start()
+        outcomes = sorted(results.get(timeout=60) for _ in procs)
+    finally:
+        release.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     assert outcomes == ["refused"] * 5 + ["won"]
 
 
 def test_a_directory_whose_owner_still_runs_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
-    claim_run_dir(run_dir)  # this process owns it and is alive
+    claim = claim_run_dir(run_dir)  # this process owns it (holds its flock) and is alive
     with pytest.raises(ConfigError, match="is still using it"):
         claim_run_dir(run_dir, resume=True)
+    claim.release()
     (run_dir / LOCK).write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
     (run_dir / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match="already holds a run .*resume=<run dir>"):
         claim_run_dir(run_dir)
-    claim_run_dir(run_dir, resume=True)
+    claim_run_dir(run_dir, resume=True).release()
     assert json.loads((run_dir / LOCK).read_text())["pid"] == os.getpid()
 
 
@@ -98,3 +109,85 @@ def test_a_disk_without_room_for_the_reserve_is_one_config_error(tmp_path, monke
     with pytest.raises(ConfigError, match=r"cannot keep 9 MB free for the final checkpoint \(No space left"):
         DiskReserve(tmp_path, 9_000_000)
     assert not (tmp_path / DiskReserve.NAME).exists()
+
+
+def _modes(run_dir) -> dict[str, int]:  # noqa: ANN001
+    return {name: stat.S_IMODE((run_dir / name).stat().st_mode)
+            for name in (".", "checkpoint.pt", "metrics.jsonl", ".run.lock", ".hydra", ".hydra/overrides.yaml")}
+
+
+def test_a_real_run_leaves_its_directory_0700_and_files_0600_unless_rundir_mode_is_shared(tmp_path):
+    from tests.conftest import run_pipeline
+
+    args = ["trainer.total_frames=256", "trainer.target_return=null", "logger=jsonl", "progress=false",
+            "checkpoint.interval=null"]
+    old = os.umask(0o022)  # a typical login umask, inherited by the runs
+    try:
+        private = run_pipeline([*args, f"hydra.run.dir={tmp_path / 'private'}"], cwd=tmp_path)
+        shared = run_pipeline([*args, "rundir.mode=shared", f"hydra.run.dir={tmp_path / 'shared'}"], cwd=tmp_path)
+    finally:
+        os.umask(old)
+    assert private.returncode == 0, private.stderr[-2000:]
+    assert shared.returncode == 0, shared.stderr[-2000:]
+    modes = _modes(tmp_path / "private")
+    assert modes == {".": 0o700, "checkpoint.pt": 0o600, "metrics.jsonl": 0o600, ".run.lock": 0o600,
+                     ".hydra": 0o700, ".hydra/overrides.yaml": 0o600}, {k: oct(v) for k, v in modes.items()}
+    loose = [str(p) for p in (tmp_path / "private").rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o077]
+    assert not loose, f"readable by others: {loose}"
+    modes = _modes(tmp_path / "shared")
+    assert modes == {".": 0o755, "checkpoint.pt": 0o644, "metrics.jsonl": 0o644, ".run.lock": 0o644,
+                     ".hydra": 0o755, ".hydra/overrides.yaml": 0o644}, {k: oct(v) for k, v in modes.items()}
+
+
+def test_an_unknown_rundir_mode_is_one_config_error():
+    from pipeline.rundir import apply_mode
+
+    with pytest.raises(ConfigError, match=r"rundir.mode='public': one of private, group, shared"):
+        apply_mode("public")
+
+
+def _ray_launcher_config(*overrides: str):  # noqa: ANN202
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pipeline.schema import register
+    from tests.conftest import CONF_DIR
+
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="hydra-ray-launcher is not installed")
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=["hydra/launcher=ray", *overrides], return_hydra_config=True)
+
+
+def test_the_ray_launchers_local_cluster_binds_loopback_without_a_dashboard(tmp_path, monkeypatch):
+    from pipeline import hydra_callbacks
+
+    monkeypatch.setattr(hydra_callbacks, "_ray_temp_dirs", lambda: [tmp_path])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    cfg = _ray_launcher_config()
+    hydra_callbacks.SweepReport().on_multirun_start(cfg)  # what Hydra calls before the launcher starts Ray
+    assert cfg.hydra.launcher.ray.init.include_dashboard is False
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0", "Ray's switch: every process binds 127.0.0.1"
+    cfg = _ray_launcher_config("+hydra.launcher.ray.init.include_dashboard=true")
+    hydra_callbacks.SweepReport().on_multirun_start(cfg)
+    assert cfg.hydra.launcher.ray.init.include_dashboard is True, "the user's choice stands"
+
+
+@pytest.mark.parametrize("given", ["address", "RAY_ADDRESS", "a running cluster"])
+def test_a_ray_cluster_the_user_names_is_left_as_it_is(tmp_path, monkeypatch, given):
+    from pipeline import hydra_callbacks
+
+    monkeypatch.setattr(hydra_callbacks, "_ray_temp_dirs", lambda: [tmp_path])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    overrides = ["+hydra.launcher.ray.init.address=10.0.0.5:6379"] if given == "address" else []
+    if given == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    if given == "a running cluster":
+        (tmp_path / "ray_current_cluster").write_text("10.0.0.5:6379")
+    cfg = _ray_launcher_config(*overrides)
+    before = dict(cfg.hydra.launcher.ray.init)
+    assert not hydra_callbacks.local_ray_defaults(cfg)
+    assert dict(cfg.hydra.launcher.ray.init) == before
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ

@@ -38,7 +38,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from components.replay.frame_match import FrameBatch, split_frames
-from components.replay.storage import Key, TensorStorage, reserve_disk, to_tensordict
+from components.replay.storage import Key, TensorStorage, fsync_files, reserve_disk, to_tensordict
 
 _REFS = "_frame_refs"  # per stacked key: the serials of its frames, int64 [stack]
 _OLDEST = ("_frame_oldest",)  # the smallest serial a transition refers to
@@ -292,8 +292,18 @@ class FrameStackStorage:
         self._pool_np = self._pool.numpy()
 
     # -- checkpointing ---------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Disk storage: make the frame pool and the per-transition files durable (see ``fsync_files``)."""
+        self._rows.flush()
+        if self.path is not None and self._map is not None:
+            fsync_files([self.path / "frames.memmap"])
+
     def state_dict(self) -> dict[str, Any]:
-        """Per-transition state, pool layout and the match tables; the frames too for memory storage."""
+        """Per-transition state, pool layout and the match tables; the frames too for memory storage.
+
+        Disk storage is flushed first: the checkpoint must never outlive the frames it counts.
+        """
+        self.flush()
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "frame_capacity": self.frame_capacity,

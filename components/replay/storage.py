@@ -100,6 +100,31 @@ def reserve_disk(filename: str | Path, nbytes: int) -> None:
         os.close(fd)
 
 
+def fsync_files(filenames: Iterable[str | Path]) -> None:
+    """Make what was written through memory maps of ``filenames`` durable: fsync each file, then its directory.
+
+    Rows written into a ``MAP_SHARED`` mapping sit in the page cache: they
+    survive the process (a SIGKILL) but not a power cut or a kernel crash
+    until written back. A checkpoint that refers to those rows (cursor,
+    size, priorities) must not become durable before them, or a resumed run
+    samples rows the checkpoint says exist but the disk never received.
+    On Linux ``fsync`` on any descriptor of the file writes back the pages
+    dirtied through the mapping too (what ``msync``/``np.memmap.flush`` do).
+    """
+    from components.atomic_files import fsync_dir
+
+    directories: dict[Path, None] = {}
+    for filename in filenames:
+        fd = os.open(filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        directories[Path(filename).parent] = None
+    for directory in directories:
+        fsync_dir(directory)  # the files' names too (created at the first extend)
+
+
 def rows_of(batch: TensorDictBase) -> int:
     """The number of transitions in ``batch``; it must have exactly one batch dim."""
     if batch.batch_dims != 1:
@@ -177,6 +202,7 @@ class TensorStorage:
         self.layout: list[Leaf] | None = None
         self._leaves: dict[Key, torch.Tensor] = {}
         self._maps: list[MemoryMappedTensor] = []
+        self._files: list[Path] = []  # the memory-mapped files (disk storage), flushed before each state_dict
         self._cursor = 0
         self._size = 0
 
@@ -277,6 +303,7 @@ class TensorStorage:
         self.layout = layout
         self._leaves = {}
         self._maps = []
+        self._files = []
         for leaf in layout:
             shape = (self.capacity, *leaf.shape)
             if self.path is None:
@@ -302,11 +329,17 @@ class TensorStorage:
                 )
             mapped = MemoryMappedTensor.from_filename(filename, leaf.dtype, shape)
         self._maps.append(mapped)
+        self._files.append(filename)
         return mapped.as_subclass(torch.Tensor)
 
     # -- checkpointing ---------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Disk storage: make every row written so far durable (:func:`fsync_files`); a no-op in memory."""
+        fsync_files(self._files)
+
     def state_dict(self) -> dict[str, Any]:
-        """Cursor, size and layout; the rows too for memory storage (disk rows stay in the files)."""
+        """Cursor, size and layout; the rows too for memory storage (disk rows stay in the files, flushed first)."""
+        self.flush()  # the checkpoint that carries this state must never outlive the rows it counts
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "cursor": self._cursor,
@@ -331,7 +364,7 @@ class TensorStorage:
             )
         self._cursor, self._size = int(state["cursor"]), int(state["size"])
         if state.get("layout") is None:
-            self.layout, self._leaves, self._maps = None, {}, []
+            self.layout, self._leaves, self._maps, self._files = None, {}, [], []
             return
         layout = [Leaf.from_state(entry) for entry in state["layout"]]
         self._allocate(layout, create=data is not None)
