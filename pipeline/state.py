@@ -11,6 +11,9 @@ code on load. The layout is flat, the trainer's state at the top (``model``,
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 
 from components.checkpoint import save_checkpoint
+from pipeline.validate import ConfigError
 
 
 def rng_state() -> dict[str, Any]:
@@ -62,9 +66,94 @@ def save_run_state(path: Path, state: dict[str, Any]) -> Path:
     return save_checkpoint(path, state)
 
 
+#: What every checkpoint of a run holds (:func:`run_state`); any trainer's state has a policy_version.
+RUN_STATE_KEYS = ("frames", "policy_version", "config", "model_spec", "env_spec", "episodes", "rng", "stop_reason")
+#: A replay leaf's key part becomes a file name under ``<run dir>/replay``: a plain name, never a path.
+_LEAF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class CheckpointError(ConfigError):
+    """A ``checkpoint.pt`` that is no run's state: missing, truncated, foreign or not a file (one line, exit 2)."""
+
+
+def _first_line(err: BaseException) -> str:
+    """The error's first line, printable (torch colours its messages) and short."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    first = "".join(c for c in text.splitlines()[0] if c.isprintable())[:200] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _check_shape(state: Any) -> str | None:
+    """Why ``state`` is not what :func:`run_state` wrote (None when it is)."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a run's state"
+    missing = [key for key in RUN_STATE_KEYS if key not in state]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    if not isinstance(state["frames"], int) or isinstance(state["frames"], bool) or state["frames"] < 0:
+        return f"frames={state['frames']!r} is not a count of frames"
+    rng, episodes = state["rng"], state["episodes"]
+    if not (isinstance(rng, dict) and isinstance(rng.get("torch"), torch.Tensor)
+            and isinstance(rng.get("numpy"), dict)):
+        return "its rng entry is not the RNG states a run saves"
+    if not (isinstance(episodes, dict) and {"returns", "lengths", "total"} <= set(episodes)):
+        return "its episodes entry is not the episode statistics a run saves"
+    if not isinstance(state.get("model", {}), dict):
+        return "its model entry is not a state dict"
+    for entry in _replay_layout(state.get("replay")):
+        parts = entry[0] if isinstance(entry, (list, tuple)) and entry else None
+        if not isinstance(parts, (list, tuple)) or not parts or not all(
+                isinstance(p, str) and _LEAF_NAME.fullmatch(p) and p not in (".", "..") for p in parts):
+            return f"its replay layout names a file outside the replay directory ({parts!r})"
+    return None
+
+
+def _replay_layout(replay: Any) -> list[Any]:
+    """The leaf layout of a disk replay's saved state (a frame-stack storage keeps it under ``rows``)."""
+    storage = replay.get("storage") if isinstance(replay, dict) else None
+    if isinstance(storage, dict) and isinstance(storage.get("rows"), dict):
+        storage = storage["rows"]
+    layout = storage.get("layout") if isinstance(storage, dict) else None
+    return list(layout) if isinstance(layout, (list, tuple)) else []
+
+
+def read_run_state(path: Path) -> dict[str, Any]:
+    """The state in ``path`` if it is a checkpoint :func:`run_state` wrote, else :class:`CheckpointError`.
+
+    Read before a resume builds anything (the run directory may come from
+    someone else): only a regular file is opened (a FIFO would block, a
+    directory cannot be loaded), ``weights_only=True`` unpickles no class
+    and runs no code, and a file that loads but lacks what a resume reads
+    (a foreign ``.pt``, a list) is refused here in one line rather than as a
+    ``KeyError`` half-way through the start.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError("there is no checkpoint.pt") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint.pt cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError("checkpoint.pt is not a regular file")
+    if info.st_size == 0:
+        raise CheckpointError("checkpoint.pt is empty")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - truncated, foreign, a pickle with classes: all one line
+        raise CheckpointError(f"checkpoint.pt is not a checkpoint torch can load with weights_only=True "
+                              f"(truncated or foreign: {_first_line(err)})") from None
+    reason = _check_shape(state)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint.pt is not a run's checkpoint: {reason}")
+    return state
+
+
 def load_run_state(path: Path) -> dict[str, Any]:
-    """A checkpoint written by :func:`run_state`, loaded without unpickling any class."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A checkpoint written by :func:`run_state`, loaded without unpickling any class (see :func:`read_run_state`)."""
+    try:
+        return read_run_state(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path.parent}: {err}") from None
 
 
 def restore_episodes(tracker: Any, episodes: dict[str, Any]) -> None:

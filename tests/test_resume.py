@@ -21,25 +21,44 @@ from pipeline.state import load_run_state, restore_episodes, rng_state, run_stat
 from pipeline.validate import ConfigError
 
 
-def _saved_run(tmp_path, overrides: list[str]):  # noqa: ANN001, ANN202
-    run_dir = tmp_path / "run"
+def write_run_checkpoint(run_dir, frames: int = 640):  # noqa: ANN001, ANN201
+    """A real run's ``checkpoint.pt`` (a small PPO trainer's state) in ``run_dir``."""
+    spec = EnvSpec((4,), "float32", "discrete", action_n=2)
+    trainer = PPOTrainer(ActorCritic(spec), PPOConfig(total_frames=1000))
+    state = run_state(trainer=trainer, frames=frames, config={"seed": 0},
+                      model_spec=ModelSpec("components.models.ActorCritic"), env_spec=spec,
+                      tracker=EpisodeTracker(3), stop_reason="checkpoint", wandb_id=None)
+    return save_run_state(run_dir / "checkpoint.pt", state)
+
+
+def saved_run(tmp_path, overrides: list[str], name: str = "run", checkpoint: bool = True):  # noqa: ANN001, ANN201
+    """A run directory as a run leaves it: ``.hydra/overrides.yaml`` (a YAML list) and a checkpoint."""
+    import yaml
+
+    run_dir = tmp_path / name
     (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if checkpoint:
+        write_run_checkpoint(run_dir)
     return run_dir
+
+
+_saved_run = saved_run
 
 
 def test_resume_replays_the_saved_overrides_and_applies_new_ones_on_top(tmp_path):
     run_dir = _saved_run(tmp_path, ["env=atari", "trainer.total_frames=1000", "seed=3", f"hydra.run.dir={tmp_path}/x"])
     argv = resume_argv([f"resume={run_dir}", "trainer.total_frames=5000", "progress=false"])
+    quoted = f"'{run_dir.resolve()}'"
     assert argv == ["env=atari", "trainer.total_frames=5000", "seed=3", "progress=false",
-                    f"resume={run_dir.resolve()}", f"hydra.run.dir={run_dir.resolve()}"]
+                    f"resume={quoted}", f"hydra.run.dir={quoted}"]
     assert resume_argv(["seed=1"]) == ["seed=1"]
 
 
 def test_resume_of_nothing_or_with_a_sweep_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no run to resume there"):
         resume_argv([f"resume={tmp_path / 'none'}"])
-    run_dir = _saved_run(tmp_path, [])
+    run_dir = _saved_run(tmp_path, [], checkpoint=False)
     with pytest.raises(ConfigError, match="cannot be combined with -m"):
         resume_argv(["-m", f"resume={run_dir}", "seed=1,2"])
 
