@@ -6,20 +6,45 @@ logged (a PPO run has no replay) is left out rather than drawn empty. A
 small script records JavaScript errors into ``#js-errors`` and, once every
 plot has drawn, sets ``data-rendered`` on ``<body>``: what a browser test
 (and a curious user) can check.
+
+Everything the page embeds comes from run directories, which anyone who can
+write under the report's root (or who shared a run directory) controls: run
+names, override keys and values, stop reasons, metric names. So nothing of it
+is ever written as markup or code:
+
+- text and attributes go through ``html.escape``;
+- data for scripts sits in ``<script type="application/json">`` elements,
+  encoded by :func:`script_json`, which writes ``<``, ``>``, ``&`` and
+  U+2028/2029 as ``\\u`` escapes: ``</script>`` or ``<!--`` cannot occur in it;
+- the only executable scripts are this module's constants and plotly's own
+  bundle, and the page's Content-Security-Policy names each by its hash, so a
+  script smuggled in some other way would not run either;
+- text that plotly draws (trace names, hover text, tick labels) is escaped
+  with :func:`plot_text`, since plotly reads ``<a href>``, ``<b>`` etc. in it;
+- the JavaScript reads data with ``textContent``/``JSON.parse`` and writes
+  it with ``textContent``, never ``innerHTML``.
+
+:func:`render` also returns the relative paths of the media files the page
+references (none yet; evaluation videos will be): exactly what ``--serve``
+may send besides the page itself.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from pipeline.report.runs import RunRecord, swept_keys
 
 _STATUS_COLOURS = {"running": "#1f77b4", "finished": "#2ca02c", "solved": "#17becf", "failed": "#d62728",
-                   "interrupted": "#ff7f0e"}
+                   "interrupted": "#ff7f0e", "unreadable": "#7f7f7f"}
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
             "#bcbd22", "#17becf"]
 
@@ -33,6 +58,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status { font-weight: 600; } .muted { color: #777; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 1em; }
 #js-errors:empty { display: none; } #js-errors { color: #b00; white-space: pre; }
+#problems li { font-family: ui-monospace, monospace; font-size: 0.85em; }
 """
 
 _ERRORS_JS = """
@@ -46,6 +72,11 @@ window.addEventListener('error', function (e) {
 
 _AFTER_JS = """
 (function () {
+  // draw each plot from its JSON element (data is never part of a script's code)
+  document.querySelectorAll('script.plot-spec').forEach(function (spec) {
+    var div = document.getElementById(spec.dataset.div), fig = JSON.parse(spec.textContent);
+    if (div) Plotly.newPlot(div, fig.data, fig.layout, fig.config);
+  });
   // sortable runs table: click a header
   var table = document.getElementById('runs-table');
   if (table) table.querySelectorAll('th').forEach(function (th, col) {
@@ -72,6 +103,46 @@ _AFTER_JS = """
   check();
 })();
 """
+
+
+_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_JSON_UNSAFE = str.maketrans(_JSON_ESCAPES)
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON text that is safe inside any ``<script>`` element (see the module docstring)."""
+    return escape_json_text(json.dumps(value, allow_nan=False))
+
+
+def escape_json_text(text: str) -> str:
+    """JSON text with ``<``, ``>``, ``&``, U+2028 and U+2029 written as ``\\u`` escapes (still the same JSON).
+
+    Those characters only occur inside JSON strings, where the escape means
+    the same character, so any JSON text (plotly's too) stays valid.
+    """
+    return text.translate(_JSON_UNSAFE)
+
+
+def plot_text(text: Any) -> str:
+    """Text for plotly to draw as it is: plotly reads a subset of HTML (links, styles) in labels.
+
+    Only ``&``, ``<``, ``>`` are escaped: plotly decodes exactly those
+    entities (and numeric ones) back to characters, not ``&quot;``.
+    """
+    return html.escape(str(text), quote=False)
+
+
+def media_url(relative: str) -> str:
+    """The URL by which the page refers to a media file at ``relative`` (under the report's root)."""
+    return quote(relative, safe="/")
+
+
+@dataclass(frozen=True)
+class Report:
+    """A built page and the media files (relative POSIX paths under the root) that it references."""
+
+    html: str
+    media: tuple[str, ...] = ()
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -120,9 +191,9 @@ def _line_figure(runs: list[RunRecord], colours: _Colours, key: str, x: str, tit
             continue
         label = colours.label(run)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if len(xs) > 20 else "lines+markers",
-                                 name=f"{run.name}" if not colours.swept else label,
-                                 legendgroup=label, showlegend=label not in shown or not colours.swept,
-                                 line={"color": colours(run)}, hovertext=run.name))
+                                 name=plot_text(run.name if not colours.swept else label),
+                                 legendgroup=plot_text(label), showlegend=label not in shown or not colours.swept,
+                                 line={"color": colours(run)}, hovertext=plot_text(run.name)))
         shown.add(label)
     if not fig.data:
         return None
@@ -146,8 +217,9 @@ def _server_figure(runs: list[RunRecord], colours: _Colours) -> Any:
             if not xs:
                 continue
             any_data = True
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=colours.label(run), showlegend=i == 0,
-                                     legendgroup=colours.label(run), line={"color": colours(run)}),
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(colours.label(run)),
+                                     showlegend=i == 0, legendgroup=plot_text(colours.label(run)),
+                                     line={"color": colours(run)}),
                           row=i // 4 + 1, col=i % 4 + 1)
     if not any_data:
         return None
@@ -168,7 +240,7 @@ def _workers_figure(runs: list[RunRecord]) -> Any:
             means[key] = sum(ys) / len(ys) if ys else None
         if all(v is None for v in means.values()):
             continue
-        names.append(run.name)
+        names.append(plot_text(run.name))
         for key in values:
             values[key].append(means[key] or 0.0)
     if not names:
@@ -192,8 +264,9 @@ def _replay_figure(runs: list[RunRecord], colours: _Colours) -> Any:
         for run in runs:
             xs, ys = run.series(key, "frames")
             if xs:
-                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=colours.label(run), showlegend=i == 0,
-                                         legendgroup=colours.label(run), line={"color": colours(run)}),
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=plot_text(colours.label(run)),
+                                         showlegend=i == 0, legendgroup=plot_text(colours.label(run)),
+                                         line={"color": colours(run)}),
                               row=1, col=i + 1)
     fig.update_layout(title="Replay (against frames)", height=360, margin={"t": 80, "b": 40})
     return fig
@@ -206,7 +279,7 @@ def _sweep_figure(runs: list[RunRecord], swept: list[str]) -> Any:
     if not swept:
         return None
     fig = make_subplots(rows=2, cols=len(swept), row_titles=["final return", "frames/s"],
-                        subplot_titles=swept, vertical_spacing=0.15)
+                        subplot_titles=[plot_text(k) for k in swept], vertical_spacing=0.15)
     for c, key in enumerate(swept, start=1):
         for r, value_of in enumerate((lambda run: run.final_return, lambda run: run.frames_per_s), start=1):
             points = [(run.overrides.get(key, "(default)"), value_of(run), run) for run in runs]
@@ -215,9 +288,9 @@ def _sweep_figure(runs: list[RunRecord], swept: list[str]) -> Any:
                 continue
             points.sort(key=lambda p: _natural(str(p[0])))
             fig.add_trace(go.Scatter(
-                x=[p[0] for p in points], y=[p[1] for p in points], mode="markers", showlegend=False,
+                x=[plot_text(p[0]) for p in points], y=[p[1] for p in points], mode="markers", showlegend=False,
                 marker={"size": 10, "color": [_STATUS_COLOURS.get(p[2].status, "#333") for p in points]},
-                hovertext=[f"{p[2].name} ({p[2].status})" for p in points]), row=r, col=c)
+                hovertext=[plot_text(f"{p[2].name} ({p[2].status})") for p in points]), row=r, col=c)
             fig.update_xaxes(type="category", row=r, col=c)
     if not fig.data:
         return None
@@ -245,20 +318,57 @@ def _runs_table(runs: list[RunRecord], swept: list[str]) -> str:
         for name, get, numeric in columns:
             value = get(run)
             text = _fmt(value, 0 if name == "frames/s" else 1)
-            attrs = f' class="num" data-v="{value}"' if numeric and value is not None else ""
+            attrs = f' class="num" data-v="{html.escape(str(value))}"' if numeric and value is not None else ""
             if name == "status":
                 attrs = f' class="status" style="color:{_STATUS_COLOURS.get(run.status, "#333")}"'
             cells.append(f"<td{attrs}>{html.escape(text)}</td>")
+        notes = []
         if run.skipped_lines:
-            cells[2] = cells[2].replace("</td>", f" <span class=muted>({run.skipped_lines} unreadable "
-                                                  f"line(s) skipped)</span></td>")
-        body.append(f"<tr data-status=\"{run.status}\">{''.join(cells)}</tr>")
+            notes.append(f"({run.skipped_lines} unreadable line(s) skipped)")
+        notes += [f"({problem})" for problem in run.problems if "damaged line" not in problem]
+        if notes:
+            cells[2] = cells[2].replace("</td>", "".join(f" <span class=muted>{html.escape(n)}</span>"
+                                                         for n in notes) + "</td>")
+        body.append(f'<tr data-status="{html.escape(run.status)}">{"".join(cells)}</tr>')
     return (f'<table id="runs-table"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
+def _problems_list(runs: list[RunRecord]) -> str:
+    """A section naming every odd file (FIFO, unreadable, damaged lines), empty when there is none."""
+    items = [f"<li>{html.escape(str(run.path / problem))}</li>" for run in runs for problem in run.problems]
+    if not items:
+        return ""
+    return (f'<section id="problems"><h2>Files that could not be read</h2>'
+            f"<ul>{''.join(items)}</ul></section>")
+
+
+def _plot(fig: Any, div_id: str) -> str:
+    """A plot's empty div and its figure as a JSON element (drawn by ``_AFTER_JS``)."""
+    import plotly.io
+
+    config = {"displaylogo": False, "responsive": True}
+    figure = plotly.io.to_json(fig, validate=False)  # '{"data": ..., "layout": ...}'
+    spec = '{"config":' + json.dumps(config) + "," + figure.lstrip()[1:]
+    height = fig.layout.height or 450
+    ident = html.escape(div_id)
+    return (f'<div id="{ident}" class="plotly-graph-div" style="height:{int(height)}px; width:100%;"></div>'
+            f'<script type="application/json" class="plot-spec" data-div="{ident}">{escape_json_text(spec)}</script>')
+
+
+def _csp(scripts: list[str]) -> str:
+    """A Content-Security-Policy that lets exactly ``scripts`` (inline, by hash) run, and nothing else."""
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
+    return f"script-src {hashes}; object-src 'none'; base-uri 'none'; form-action 'none'"
+
+
 def build_page(runs: list[RunRecord], title: str, *, refresh_s: float | None = None) -> str:
     """The whole HTML document for ``runs``."""
+    return render(runs, title, refresh_s=refresh_s).html
+
+
+def render(runs: list[RunRecord], title: str, *, refresh_s: float | None = None) -> Report:
+    """The page for ``runs`` and the media files it references (see :class:`Report`)."""
     import plotly.offline
 
     swept = swept_keys(runs) if len(runs) > 1 else []
@@ -281,19 +391,26 @@ def build_page(runs: list[RunRecord], title: str, *, refresh_s: float | None = N
     for div_id, heading, fig in panels:
         if fig is None:
             continue
-        plot = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{div_id}",
-                           config={"displaylogo": False, "responsive": True})
+        plot = _plot(fig, f"plot-{div_id}")
         sections.append(f'<section class="panel" id="{div_id}"><h2>{html.escape(heading)}</h2>{plot}</section>')
     counts = {s: sum(r.status == s for r in runs) for s in _STATUS_COLOURS}
     status_line = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    refresh = f'<meta http-equiv="refresh" content="{refresh_s:g}">' if refresh_s else ""
-    meta = json.dumps({"runs": len(runs), "panels": [p[0] for p in panels if p[2] is not None], "swept": swept})
-    return f"""<!DOCTYPE html>
+    refresh = f'<meta http-equiv="refresh" content="{float(refresh_s):g}">' if refresh_s else ""
+    media: tuple[str, ...] = ()  # evaluation videos will be listed here (and referenced with media_url)
+    meta = script_json({"runs": len(runs), "panels": [p[0] for p in panels if p[2] is not None], "swept": swept,
+                        "media": list(media)})
+    plotly_js = plotly.offline.get_plotlyjs().replace("\r\n", "\n").replace("\r", "\n")
+    if "</script" in plotly_js.lower():
+        raise RuntimeError("this plotly bundle cannot be inlined (it holds '</script')")
+    csp = _csp([_ERRORS_JS, plotly_js, _AFTER_JS])
+    page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">{refresh}
+<meta http-equiv="Content-Security-Policy" content="{html.escape(csp)}">
+<meta name="referrer" content="no-referrer">
 <title>{html.escape(title)}</title>
 <style>{_STYLE}</style>
 <script>{_ERRORS_JS}</script>
-<script>{plotly.offline.get_plotlyjs()}</script>
+<script>{plotly_js}</script>
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
@@ -302,7 +419,9 @@ Click a column header to sort.</p>
 <div id="js-errors"></div>
 <script type="application/json" id="report-meta">{meta}</script>
 <section id="runs"><h2>Runs</h2>{_runs_table(runs, swept)}</section>
+{_problems_list(runs)}
 <div class="panels">{''.join(sections)}</div>
 <script>{_AFTER_JS}</script>
 </body></html>
 """
+    return Report(page, media)
