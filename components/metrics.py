@@ -154,7 +154,17 @@ class MetricsLogger:
         overrides: the job's command-line overrides (wandb tags, TensorBoard
             HParams).
         resume_id: the wandb run id to continue.
-        wandb_timeout: seconds wandb may take to start, and to finish.
+        wandb_timeout: seconds wandb may take to start, and the sinks
+            process to take the summary and close every sink at the end
+            (wandb's finish included): past it, the process is killed and the
+            run ends without it.
+        extra_sinks: ``module.Class`` paths of more sinks, each built as
+            ``Class(run_dir)`` in the sinks process (whatever ``in_process``
+            says) and given every row, the summary and the close, like
+            TensorBoard (see :class:`components.sinks.Sink`).
+        queue_rows: rows the sinks process may fall behind; past it rows are
+            dropped for those sinks (``metrics.jsonl`` keeps every row), said
+            once and counted in ``logger/dropped_rows``.
         in_process: open TensorBoard and wandb in this process (default) or,
             with False, in a child process (:mod:`components.sinks.host`;
             the runner's choice: their Python then never takes this
@@ -189,6 +199,8 @@ class MetricsLogger:
         resume_id: str | None = None,
         wandb_timeout: float = 60.0,
         in_process: bool = True,
+        extra_sinks: Sequence[str] = (),
+        queue_rows: int = 256,
     ) -> None:
         self.sinks_requested = check_sinks(sinks)
         self.interval = interval
@@ -199,24 +211,28 @@ class MetricsLogger:
         self._optional: list[Sink] = []
         self._wandb: Any = None
         self._host: Any = None
+        self._hosts_builtin = not in_process  # TensorBoard and wandb live in the sinks process
         self._wandb_timeout = wandb_timeout
         given = list(overrides or [])
         optional = [s for s in self.sinks_requested if s != "jsonl"]
-        if optional and not in_process:
+        extra = [str(path) for path in extra_sinks]
+        if (optional and not in_process) or extra:
             from components.sinks.host import SinkHost
 
             specs = []
-            if "tensorboard" in optional:
+            if "tensorboard" in optional and not in_process:
                 specs.append(("tensorboard", "components.sinks.tensorboard.TensorBoardSink", (self.run_dir,),
                               {"config_text": _config_text(run_config),
                                "hparams": overrides_dict(given) or {"run": "default"}}))
-            if "wandb" in optional:
+            if "wandb" in optional and not in_process:
                 specs.append(("wandb", "components.sinks.wandb_run.WandbSink", (self.run_dir,), dict(
                     project=project, entity=entity, group=group, name=name, tags=[*(tags or []), *given],
                     job_type=job_type, mode=mode, run_config=dict(run_config or {}), resume_id=resume_id,
                     init_timeout=wandb_timeout, finish_timeout=wandb_timeout)))
-            self._host = SinkHost(specs)
-            return
+            specs += [(path, path, (self.run_dir,), {}) for path in extra]
+            self._host = SinkHost(specs, queue_rows=queue_rows)
+            if not in_process:
+                return
         if "tensorboard" in self.sinks_requested:
             self._open("tensorboard", lambda: self._tensorboard(run_config, given))
         if "wandb" in self.sinks_requested:
@@ -280,7 +296,7 @@ class MetricsLogger:
         return self._wandb_attr("dir")
 
     def _wandb_attr(self, name: str) -> Any:
-        if self._host is not None:
+        if self._host is not None and self._hosts_builtin:
             value = self._host.attr("wandb", name, self._wandb_timeout)
             return None if value is None else (Path(value) if name == "dir" else value)
         if self._wandb is None:
@@ -296,13 +312,15 @@ class MetricsLogger:
 
     @property
     def tensorboard_dir(self) -> Path | None:
-        if self._host is not None:
+        if self._host is not None and self._hosts_builtin:
             value = self._host.attr("tensorboard", "log_dir", 30.0)
             return None if value is None else Path(value)
         return next((s.log_dir for s in self._optional if s.name == "tensorboard"), None)  # type: ignore[attr-defined]
 
     def log(self, metrics: Mapping[str, Any], *, frames: int) -> None:
         row = {"frames": int(frames), **{k: _clean(v) for k, v in metrics.items()}}
+        if self._host is not None:  # rows the sinks process did not get, up to this one
+            row["logger/dropped_rows"] = self._host.dropped
         self._jsonl.log(row, int(frames))  # first: its errors end the run
         self._each("log", row, int(frames))
         if self._host is not None:
@@ -311,16 +329,18 @@ class MetricsLogger:
     def summary(self, values: Mapping[str, Any]) -> None:
         """Final values: a last ``summary`` row in the file, the wandb run summary, TensorBoard HParams."""
         clean = {k: _clean(v) for k, v in values.items()}
+        if self._host is not None:
+            clean["logger/dropped_rows"] = self._host.dropped
         self._jsonl.summary(clean)
         self._each("summary", clean)
         if self._host is not None:
-            self._host.send("summary", clean)
+            self._host.summary(clean)  # never waited for here: close gives it its time
 
     def close(self, exit_code: int = 0) -> None:
         try:
             self._each("close", exit_code)
             if self._host is not None:
-                self._host.close(exit_code, self._wandb_timeout + 10.0)
+                self._host.close(exit_code, self._wandb_timeout)
         finally:
             self._host = None
             self._optional.clear()

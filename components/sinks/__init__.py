@@ -3,7 +3,10 @@
 Each sink takes the same flat rows (``group/name`` keys plus ``frames`` and
 ``time``), a final summary and a close. ``jsonl`` is always written (the
 report and the resume logic read it); ``tensorboard`` and ``wandb`` are
-optional and may fail without stopping the run.
+optional and may fail without stopping the run. ``logger.extra_sinks`` adds
+more (``module.Class`` paths, each ``Class(run_dir)`` with this protocol),
+run beside TensorBoard and wandb in the sinks process
+(:mod:`components.sinks.host`), where none of them can stall training.
 """
 
 from __future__ import annotations
