@@ -4,6 +4,14 @@ A worker hosts ``envs_per_worker`` envs and sends their observations as one
 request, so signalling costs are paid per block, not per env. The block
 writes every output straight into caller-provided arrays (rows of a shared
 chunk buffer), so no per-transition Python objects survive a step.
+
+What an env returns is held to its spec on the way in: a value that is
+exactly what the spec says (the common case: one type/shape/dtype compare
+per leaf) is written as it is; anything else goes through
+:mod:`components.collector.spec_checks`, which accepts the scalar-like and
+castable values gymnasium accepts and fails the step with a line naming the
+env, the leaf, what it returned and what the spec promises otherwise (numpy
+would broadcast some of those silently and fail on others in its own words).
 """
 
 from __future__ import annotations
@@ -13,6 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from components.collector.spec_checks import (
+    FAST_FLAGS,
+    FAST_REWARDS,
+    OffSpec,
+    check_actions,
+    check_flag,
+    check_observation,
+    check_reward,
+    violation,
+)
 from components.envs import EnvSpec
 
 #: Keys of the env half of a transition (the policy adds its outputs).
@@ -64,6 +82,14 @@ class EnvBlock:
             raise
         self.spec = EnvSpec.from_env(self._envs[0])
         self._discrete = self.spec.action_kind == "discrete"
+        # What the fast paths compare against (see spec_checks for what else is accepted).
+        self._obs_shape, self._obs_dtype = tuple(self.spec.obs_shape), np.dtype(self.spec.obs_dtype)
+        self._action_rows = (len(self._envs), *self.spec.action_shape)
+        self._action_dtype = np.dtype(self.spec.action_dtype)
+        self._int_scalar_obs = self._obs_shape == () and self._obs_dtype.kind in "iu"
+        #: an observation dtype other than the spec's that was checked and accepted (a float64 obs of a
+        #: float32 space): later observations of that dtype take the fast path too
+        self._cast_dtype: np.dtype | None = None
         # Integer observations (Atari frames) cannot be NaN: only float ones are checked.
         self._float_obs = np.issubdtype(np.dtype(self.spec.obs_dtype), np.floating)
         if not self._discrete:
@@ -100,7 +126,7 @@ class EnvBlock:
         for i, env in enumerate(self._envs):
             obs, _ = env.reset(seed=self._seeds[i])
             env.action_space.seed(self._seeds[i])
-            obs_out[i] = obs
+            obs_out[i] = self._observation(i, obs, "on its first reset")
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
 
@@ -121,6 +147,9 @@ class EnvBlock:
         would (``reset_at_each_iter``): the transition is marked truncated,
         so learners bootstrap it instead of chaining it to the next one.
 
+        A value off the spec (see :mod:`~components.collector.spec_checks`)
+        is a ``ValueError`` naming the env, the leaf, what it returned and
+        what the spec promises.
         A NaN or infinite reward or observation is an error naming the env;
         with ``skip_non_finite`` the step is cut out instead: recorded as a
         zero-reward truncation back to the observation acted on (so nothing
@@ -129,13 +158,24 @@ class EnvBlock:
         """
         skipped = 0
         next_obs = rows["next.observation"]
+        self.check_actions(actions)
         acts = actions.tolist() if self._discrete else np.clip(actions, self._low, self._high)
         rewards = [0.0] * len(self._envs)
         terminated = [False] * len(self._envs)
         truncated = [False] * len(self._envs)
         ended: list[int] = []
+        shape, dtype, ndarray, int_obs = self._obs_shape, self._obs_dtype, np.ndarray, self._int_scalar_obs
+        cast = self._cast_dtype
+        fast_rewards, fast_flags = FAST_REWARDS, FAST_FLAGS
         for i, env in enumerate(self._envs):
             obs, reward, term, trunc, _ = env.step(acts[i])
+            # The fast path: exactly what the spec says is written as it is (a Python int too, for a
+            # Discrete observation space: toy-text envs return one every step); anything else is checked.
+            if (((type(obs) is not ndarray or obs.shape != shape or (obs.dtype is not dtype and obs.dtype is not cast))
+                 and not (type(obs) is int and int_obs))
+                    or type(reward) not in fast_rewards or type(term) not in fast_flags
+                    or type(trunc) not in fast_flags):
+                obs, reward, term, trunc = self._check_step(i, obs, reward, term, trunc)
             next_obs[i] = obs
             rewards[i] = reward
             trunc = trunc or (truncate and not term)
@@ -167,10 +207,56 @@ class EnvBlock:
         obs_out[:] = next_obs
         for i in ended:
             obs, _ = self._envs[i].reset()
+            if ((type(obs) is not ndarray or obs.shape != shape or (obs.dtype is not dtype and obs.dtype is not cast))
+                    and not (type(obs) is int and int_obs)):
+                obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
             obs_out[i] = obs
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
         return skipped
+
+    def check_actions(self, actions: Any) -> None:
+        """A ``ValueError`` naming the envs when the policy's action batch is off the action space.
+
+        Cheap (a shape and dtype compare), so a caller that copies the actions
+        somewhere first (a chunk row) can call it before that copy too.
+        """
+        if (type(actions) is not np.ndarray or actions.shape != self._action_rows
+                or actions.dtype is not self._action_dtype):
+            check_actions(actions, self.spec, self.env_ids)  # raises unless only the dtype differs, castably
+
+    def _check_step(self, i: int, obs: Any, reward: Any, term: Any, trunc: Any) -> tuple[Any, Any, bool, bool]:
+        """What env ``i``'s step returned, the leaves the fast path would not take checked."""
+        if not ((type(obs) is np.ndarray and obs.shape == self._obs_shape
+                 and (obs.dtype is self._obs_dtype or obs.dtype is self._cast_dtype))
+                or (type(obs) is int and self._int_scalar_obs)):
+            obs = self._observation(i, obs, None)
+        if type(reward) not in FAST_REWARDS:
+            reward = self._checked(i, None, check_reward, reward)
+        if type(term) not in FAST_FLAGS:
+            term = self._checked(i, None, check_flag, term, "terminated")
+        if type(trunc) not in FAST_FLAGS:
+            trunc = self._checked(i, None, check_flag, trunc, "truncated")
+        return obs, reward, term, trunc
+
+    def _observation(self, i: int, obs: Any, when: str | None) -> np.ndarray:
+        """Env ``i``'s observation checked; an array of another dtype that passed is remembered as castable."""
+        array = self._checked(i, when, check_observation, obs, self.spec)
+        if type(obs) is np.ndarray:
+            self._cast_dtype = obs.dtype
+        return array
+
+    def _checked(self, i: int, when: str | None, check: Callable[..., Any], *args: Any) -> Any:
+        """``check(*args)``; its :class:`OffSpec` becomes the full error, naming env ``i`` and ``when``.
+
+        ``when`` None: during the step under way (its number is the one the
+        non-finite check names).
+        """
+        try:
+            return check(*args)
+        except OffSpec as err:
+            at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
+            raise violation(int(self.env_ids[i]), at, err) from None
 
     def _non_finite_envs(self, rewards: np.ndarray, next_obs: np.ndarray) -> list[int]:
         flat = next_obs.reshape(len(self._envs), -1)
