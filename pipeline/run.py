@@ -6,13 +6,17 @@ wandb run (``wandb/``), ``checkpoint.pt`` (written every
 ``checkpoint.interval`` seconds and at the end) and ``.hydra/``. Every exit
 path (end of budget, target reached, error, Ctrl-C, SIGTERM, at start-up
 too) goes through one ``finally``: the collector's threads and processes are
-joined, the logger is closed and the checkpoint is written atomically,
-unless the failure was numerical (then the last good checkpoint is kept).
+joined, the checkpoint is written atomically (unless the failure was
+numerical: then the last good checkpoint is kept), then the summary row, and
+only then are the sinks closed, within ``logger.wandb_timeout`` (a sink that
+does not answer is abandoned; a second Ctrl-C abandons it at once). Each step
+is bounded and a failure in one is one line that does not skip the next.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -38,7 +42,7 @@ from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.presets import preset_line
 from pipeline.resume import rewind_metrics
-from pipeline.rundir import LOCK, DiskReserve, claim_run_dir, write_hydra_files
+from pipeline.rundir import LOCK, DiskReserve, apply_mode, claim_run_dir, write_hydra_files
 from pipeline.signals import _PENDING, exit_interrupted, raise_if_pending
 from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.sweep import cpu_share
@@ -194,9 +198,11 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     """
     previous = catch_signals()
     claimed = False
-    cluster = None
+    claim = umask = cluster = None
     try:
         raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
+        # before any child (Ray, workers, sinks) or file exists: they all inherit it (pipeline/rundir.py)
+        umask = apply_mode(str(OmegaConf.select(cfg, "rundir.mode", default="private")))
         sweep_stale_semaphores()  # what runs killed during their start-up left in /dev/shm
         spawn_from_any_process()
         name_semaphores_by_pid()
@@ -217,7 +223,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         check_budgets(cfg, plan, env_spec, run_dir)
         raise_if_pending()
         resume = cfg.resume is not None
-        claim_run_dir(run_dir, resume=resume)
+        claim = claim_run_dir(run_dir, resume=resume,
+                              take_over=bool(OmegaConf.select(cfg, "rundir.take_over", default=False)))
         claimed = True
         if hydra_files is not None:
             write_hydra_files(run_dir, *hydra_files)
@@ -236,6 +243,10 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     finally:
         if cluster is not None:
             cluster.close()  # a cluster started here is shut down; a joined one is left as it was
+        if claim is not None:
+            claim.release()  # the flock held since the claim: the directory is free once everything is written
+        if umask is not None:
+            os.umask(umask)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -328,6 +339,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     else:
         collector = AsyncBatchedCollector(env_factory, model_spec, plan.graph, **common,
                                           server_restarts=int(cfg.server.max_restarts),
+                                          server_step_timeout=cfg.server.step_timeout,
                                           reset_at_each_iter=bool(c.reset_at_each_iter))
     # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
@@ -384,17 +396,27 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         stop_reason, code = f"failed: cannot write to the run directory: {err}", EXIT_FAILED
         reserve.release()  # room for the last row, the summary and the checkpoint
     finally:
-        # No second Ctrl-C may cut the clean-up short.
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
+        # The clean-up, in this order: stop the collector, the checkpoint, the summary row, then the sinks.
+        # Each step is bounded in time and a failure in one (any exception) is one line that does not skip
+        # the next. No second Ctrl-C may cut it short before the checkpoint and the summary are written
+        # (nothing before them waits for a sink: rows are queued, never sent in line); during the sinks'
+        # close, the last step, a second Ctrl-C abandons them at once.
+        try:
+            _ignore_signals(previous)
+        except (KeyboardInterrupt, Interrupted) as err:  # a second one in the moment before: ignored from now
+            _ignore_signals(previous)
+            if code == EXIT_OK:
+                stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
         tracker = reporter.tracker
         checkpoint = None
         lost: list[str] = []  # final writes that failed even so
         with _best_effort(lost, "close the progress display"):
             reporter.close()
-        collector.shutdown()
+        with _best_effort(lost, "stop the collector"):
+            collector.shutdown()
         if reporter.evaluator is not None:
-            reporter.evaluator.close()
+            with _best_effort(lost, "stop the evaluator"):
+                reporter.evaluator.close()
         reserve.release()
         if reporter.pending or reporter.last_frames != collector.frames:
             with _best_effort(lost, "write the last metrics row"):
@@ -414,9 +436,12 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                     "eval/policy_version": reporter.last_eval["policy_version"]} if reporter.last_eval else {}),
                 "solved": stop_reason == "target_return",
             })
-        with _best_effort(lost, "close the logger"):
-            logger.close(exit_code=code)
-        if lost and code == EXIT_OK:
+        interrupted: list[str] = []
+        with _best_effort(lost, "close the logger", interrupted), _signals_raise(previous):
+            logger.close(exit_code=code)  # its sinks: bounded by logger.wandb_timeout, then abandoned
+        if interrupted and code == EXIT_OK:  # the sinks were abandoned; what the run wrote is complete
+            code = EXIT_INTERRUPTED
+        elif lost and code == EXIT_OK:
             stop_reason, code = f"failed: could not {lost[0]}", EXIT_FAILED
     print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, mean return "
           f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
@@ -434,13 +459,54 @@ def final_write_bytes(trainer: Trainer, cfg: DictConfig) -> int:
 
 
 @contextlib.contextmanager
-def _best_effort(lost: list[str], what: str) -> Iterator[None]:
-    """Run one final write; an ``OSError`` is noted in ``lost`` (and on stderr), never raised."""
+def _best_effort(lost: list[str], what: str, interrupted: list[str] | None = None) -> Iterator[None]:
+    """Run one step of the clean-up; any exception is noted in ``lost`` and one line on stderr, never raised.
+
+    Whatever goes wrong in one final write (a full disk, a bug, a library's
+    own exception) must not skip the next: the checkpoint, the summary row
+    and the logger's close each get their turn. With ``interrupted``, a
+    Ctrl-C or SIGTERM (the step ran with signals raising) is noted there too.
+    """
     try:
         yield
-    except OSError as err:
-        lost.append(f"{what} ({err})")
-        print(f"warning: could not {what}: {err}", file=sys.stderr, flush=True)
+    except (KeyboardInterrupt, Interrupted) as err:
+        if interrupted is None:
+            raise
+        interrupted.append(str(err) or "SIGINT")
+        lost.append(f"{what} (interrupted)")
+        print(f"warning: could not {what}: interrupted ({err or 'SIGINT'}); it was abandoned", file=sys.stderr,
+              flush=True)
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        text = str(err) if isinstance(err, OSError) else _first_line(err)
+        lost.append(f"{what} ({text})")
+        print(f"warning: could not {what}: {text}", file=sys.stderr, flush=True)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _ignore_signals(signals: dict[int, Any]) -> None:
+    """From here on ``signals`` (SIGINT, SIGTERM) are ignored: what follows must not be cut short."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _signals_raise(signals: dict[int, Any]) -> Iterator[None]:
+    """For one step of the clean-up that may be abandoned (the sinks' close), ``signals`` raise again."""
+    for sig in signals:
+        signal.signal(sig, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for _ in range(3):  # a signal landing while they are ignored again: the step is over anyway
+            try:
+                _ignore_signals(signals)
+                break
+            except (KeyboardInterrupt, Interrupted):
+                continue
 
 
 def concurrent_jobs(hydra_cfg: Any, cpus: int) -> int:

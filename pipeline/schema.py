@@ -65,7 +65,8 @@ class WorkersSchema:
     affinity: list[list[int]] | None = None
     #: niceness increment of process workers (0-19): they yield to the server and trainer
     nice: int = 0
-    #: seconds one env step may take before the worker counts as hung (null: never)
+    #: seconds a worker may spend in one env step, or without progress anywhere (frozen: a deadlock, a stopped
+    #: process), before it counts as hung: a process is killed and restarted, a thread stops the run (null: never)
     step_timeout: float | None = 60.0
     #: restarts of a crashed or hung worker (fresh envs) within restart_window before the run fails
     max_restarts: int = 3
@@ -99,6 +100,9 @@ class ServerSchema:
     static_batch_size: int | None = None
     #: times a dead inference server is restarted (latest weights, all workers with fresh envs) per run
     max_restarts: int = 1
+    #: seconds the server may make no progress while requests wait before it counts as hung (null: never);
+    #: a server process is then killed and restarted within max_restarts, a server thread stops the run
+    step_timeout: float | None = 60.0
 
 
 @dataclass
@@ -189,13 +193,20 @@ class LoggerSchema:
     tags: list[str] = field(default_factory=list)
     #: wandb job type (null: train, or sweep for a job of a multirun)
     job_type: str | None = None
-    #: seconds wandb may take to start and to finish before the run goes on without it
+    #: seconds wandb may take to start, and the sinks process to take the summary and close every sink at the
+    #: end of the run (wandb's finish included), before the run goes on without it (the process is killed)
     wandb_timeout: float = 60.0
     #: wandb mode: offline, online or disabled (null: $WANDB_MODE, else offline)
     mode: str | None = None
     #: false: tensorboard and wandb write from a child process, so their Python never takes the
     #: driver's GIL from the trainer (measured: the default CartPole loop 8.6 s -> 7.0 s); true: in the driver
     in_process: bool = False
+    #: more sinks, as module.Class paths: each is built as Class(run_dir) in the sinks process and gets every row
+    #: (log(row, frames)), the summary (summary(values)) and close(exit_code), as TensorBoard does
+    extra_sinks: list[str] = field(default_factory=list)
+    #: rows the sinks process may fall behind (a slow or stuck sink); past it rows are dropped for the sinks,
+    #: never waited for (metrics.jsonl keeps every row): one warning, counted in logger/dropped_rows
+    queue_rows: int = 256
 
 
 @dataclass
@@ -204,6 +215,18 @@ class CheckpointSchema:
     enabled: bool = True
     #: seconds between checkpoints during the run (null: only at the end)
     interval: float | None = 60.0
+
+
+@dataclass
+class RunDirSchema:
+    """Who may read a run directory, and taking over one this machine cannot check (pipeline/rundir.py)."""
+
+    #: private (directories 0700, files 0600: weights and stored observations stay yours), group (0750/0640)
+    #: or shared (your umask, e.g. 0755/0644)
+    mode: str = "private"
+    #: take over a .run.lock naming a run on another host (or an old pid-file claim) you know is gone;
+    #: never saved for a later resume
+    take_over: bool = False
 
 
 @dataclass
@@ -270,6 +293,8 @@ class Config:
     sweep: SweepSchema = field(default_factory=SweepSchema)
     #: env hosts on a Ray cluster (workers=ray)
     ray: RaySchema = field(default_factory=RaySchema)
+    #: run-directory permissions and claims
+    rundir: RunDirSchema = field(default_factory=RunDirSchema)
 
 
 def register() -> None:

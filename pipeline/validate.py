@@ -73,6 +73,18 @@ _FRAME_DEDUP = ("auto", "true", "false")
 _ALGORITHM_KEYS = (("updates_per_batch", "dqn"), ("clip_coef", "ppo"))
 
 
+_DOTTED_CLASS = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def _check_extra_sinks(paths: list[Any]) -> None:
+    """``logger.extra_sinks``: distinct ``module.Class`` paths (imported in the sinks process, not here)."""
+    for path in paths:
+        if not isinstance(path, str) or not _DOTTED_CLASS.match(path):
+            raise ConfigError(f"logger.extra_sinks: {path!r} is not a module.Class path (e.g. mypackage.sinks.MySink)")
+    if len(set(paths)) != len(paths):
+        raise ConfigError(f"logger.extra_sinks={paths}: a sink is listed twice")
+
+
 def _check_device(cfg: DictConfig, key: str, cuda_available: bool, cuda_count: int) -> None:
     value = str(_get(cfg, key, "cpu, cuda, cuda:N or auto"))
     if not _DEVICE.match(value):
@@ -153,6 +165,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "workers.max_restarts", lambda v: v >= 0, ">= 0 (0: a crashed worker fails the run)")
     _check(cfg, "workers.restart_window", lambda v: v > 0, "> 0 seconds")
     _check(cfg, "server.max_restarts", lambda v: v >= 0, ">= 0 (0: a dead server fails the run)")
+    if get("server.step_timeout") is not None:
+        _check(cfg, "server.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no server hang watchdog)")
     _one_of(cfg, "trainer.nan_policy", ("error", "skip"))
     _one_of(cfg, "trainer.target_metric", ("train", "eval"))
     if get("trainer.eval_interval") is not None:
@@ -316,6 +330,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "logger.interval", lambda v: v > 0, "> 0 seconds")
     _check(cfg, "logger.wandb_timeout", lambda v: v > 0, "> 0 seconds")
     _check(cfg, "logger.rows_per_run", lambda v: v >= 0, ">= 0 (0: a row every logger.interval only)")
+    _check(cfg, "logger.queue_rows", lambda v: v >= 1, ">= 1 rows")
+    _check_extra_sinks(list(get("logger.extra_sinks") or []))
     _one_of(cfg, "sweep.objective", OBJECTIVES)
     _one_of(cfg, "sweep.direction", DIRECTIONS)
     if get("logger.mode") is not None:

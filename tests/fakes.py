@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import torch
 
 
@@ -107,6 +108,95 @@ class ExplodingEnvFactory(FaultyEnvFactory):
 class HangingEnvFactory(FaultyEnvFactory):
     def __init__(self, at_step: int) -> None:
         super().__init__(at_step, "hang")
+
+
+#: SpecBreakingEnvFactory's faults: what CartPole's step (or, for ``reset_*``, reset) returns instead.
+SPEC_FAULTS = {
+    "obs_shape": lambda obs, reward, term: (np.append(obs, np.float32(0)), reward, term),  # (5,) not (4,)
+    "obs_scalar": lambda obs, reward, term: (np.float32(obs[0]), reward, term),
+    "obs_object": lambda obs, reward, term: (obs.astype(object), reward, term),
+    "obs_list": lambda obs, reward, term: (obs.tolist(), reward, term),
+    "obs_dict": lambda obs, reward, term: ({"state": obs}, reward, term),
+    "obs_float64": lambda obs, reward, term: (obs.astype(np.float64), reward, term),
+    "reward_1": lambda obs, reward, term: (obs, np.array([reward]), term),
+    "reward_2": lambda obs, reward, term: (obs, np.array([reward, reward]), term),
+    "reward_str": lambda obs, reward, term: (obs, str(reward), term),
+    "reward_np": lambda obs, reward, term: (obs, np.float32(reward), term),
+    "terminated_np": lambda obs, reward, term: (obs, reward, np.bool_(term)),
+    "terminated_pair": lambda obs, reward, term: (obs, reward, np.array([term, term])),
+    "reset_obs_shape": lambda obs, reward, term: (np.append(obs, np.float32(0)), reward, term),
+}
+
+
+class SpecBreakingEnvFactory:
+    """CartPole whose envs return values off their spec from their ``at_step``-th step (each env counts its own).
+
+    ``fault`` names one of :data:`SPEC_FAULTS` (an observation of another
+    shape or dtype, a reward that is an array or a string, ...). ``reset_*``
+    faults apply to the ``at_step``-th reset onwards (the first reset is 1).
+    ``once``: a marker file; only the first env to create it misbehaves, once.
+    From the command line: ``env.factory._target_=tests.fakes.SpecBreakingEnvFactory
+    +env.factory.at_step=30 +env.factory.fault=obs_shape``.
+    """
+
+    def __init__(self, at_step: int, fault: str, id: str = "CartPole-v1", once: str | None = None) -> None:  # noqa: A002
+        if fault not in SPEC_FAULTS:
+            raise ValueError(f"unknown fault {fault!r}")
+        self.at_step, self.fault, self.id, self.once = at_step, fault, id, once
+
+    def __call__(self):  # noqa: ANN204
+        import gymnasium as gym
+
+        at_step, fault, once, change = self.at_step, self.fault, self.once, SPEC_FAULTS[self.fault]
+        on_reset = fault.startswith("reset_")
+
+        class SpecBreaking(gym.Wrapper):
+            steps = resets = 0
+
+            def _due(self, count: int) -> bool:
+                return count >= at_step and (once is None or _first_to_claim(once))
+
+            def reset(self, **kwargs):  # noqa: ANN003, ANN202
+                obs, info = self.env.reset(**kwargs)
+                SpecBreaking.resets += 1
+                if on_reset and self._due(SpecBreaking.resets):
+                    obs = change(obs, 0.0, False)[0]
+                return obs, info
+
+            def step(self, action):  # noqa: ANN001, ANN202
+                obs, reward, term, trunc, info = self.env.step(action)
+                SpecBreaking.steps += 1
+                if not on_reset and self._due(SpecBreaking.steps):
+                    obs, reward, term = change(obs, reward, term)
+                return obs, reward, term, trunc, info
+
+        # no PassiveEnvChecker: it would only warn about the first step anyway
+        return SpecBreaking(gym.make(self.id, disable_env_checker=True))
+
+
+class SlowEnvFactory:
+    """CartPole whose steps each sleep ``delay`` seconds: a slow but live simulator.
+
+    ``once``: a marker file; only the first env to create it is slow (one
+    slow worker among fast ones), else every env is. From the command line:
+    ``env.factory._target_=tests.fakes.SlowEnvFactory +env.factory.delay=0.3``.
+    """
+
+    def __init__(self, delay: float, id: str = "CartPole-v1", once: str | None = None) -> None:  # noqa: A002
+        self.delay, self.id, self.once = float(delay), id, once
+
+    def __call__(self):  # noqa: ANN204
+        import gymnasium as gym
+
+        delay = self.delay if self.once is None or _first_to_claim(self.once) else 0.0
+
+        class Slow(gym.Wrapper):
+            def step(self, action):  # noqa: ANN001, ANN202
+                if delay:
+                    time.sleep(delay)
+                return self.env.step(action)
+
+        return Slow(gym.make(self.id))
 
 
 class StallingPolicy(torch.nn.Module):

@@ -71,8 +71,12 @@ class AsyncBatchedCollector(BatchStream):
     server thread, thread workers, the replay writer) to those CPUs;
     ``stall_timeout`` (seconds, None: off) turns a wait for transitions that
     never come into a :class:`CollectorError` naming what each worker waits on;
-    ``step_timeout`` (seconds, None: off) does the same for one env step that
-    never returns (a hung process worker is killed first).
+    ``step_timeout`` (seconds, None: off) does the same for a worker that makes
+    no progress that long, in one env step that never returns or frozen
+    anywhere else (a hung process worker is killed, then restarted within
+    ``max_restarts``); ``server_step_timeout`` likewise for a server that
+    makes no progress while requests wait (a server process is killed, then
+    restarted within ``server_restarts``).
 
     Example::
 
@@ -107,6 +111,7 @@ class AsyncBatchedCollector(BatchStream):
         policy_version: int = 0,
         stall_timeout: float | None = 60.0,
         step_timeout: float | None = 60.0,
+        server_step_timeout: float | None = 60.0,
         max_restarts: int = 0,
         restart_window: float = 300.0,
         server_restarts: int = 0,
@@ -121,8 +126,10 @@ class AsyncBatchedCollector(BatchStream):
                          yield_completed_trajectories=yield_completed_trajectories,
                          post_collect_hook=post_collect_hook,
                          writer_affinity=list(driver_affinity) if driver_affinity else None)
-        if stall_timeout is not None and stall_timeout <= 0:
-            raise ValueError(f"stall_timeout must be > 0 or None, got {stall_timeout}")
+        for name, value in (("stall_timeout", stall_timeout), ("step_timeout", step_timeout),
+                            ("server_step_timeout", server_step_timeout)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
         problem = graph.chunk_budget_problem(frames_per_batch)
         if problem is not None:
             raise ValueError(f"chunks_per_worker={graph.chunks_per_worker}: {problem}")
@@ -141,13 +148,15 @@ class AsyncBatchedCollector(BatchStream):
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._mp = mp.get_context("spawn")
         self._server_lock = threading.RLock()  # a server restart vs. a weights push from another thread
-        self._build(stall_timeout, step_timeout)
+        self._names_released = False  # the semaphore names were dropped (see _release_names)
+        self._build(stall_timeout, step_timeout, server_step_timeout)
         self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window), int(server_restarts))
         self._monitor.restart = self._restarts if max_restarts > 0 else None
         self._monitor.restart_server = self._restarts.restart_server if server_restarts > 0 else None
 
     # ------------------------------------------------------------------ build
-    def _build(self, stall_timeout: float | None, step_timeout: float | None) -> None:
+    def _build(self, stall_timeout: float | None, step_timeout: float | None,
+               server_step_timeout: float | None) -> None:
         g = self.graph
         served = self.model_spec.build(self.env_spec).eval()
         self.layout = derive_layout(served, self.env_spec.observation_field())
@@ -174,7 +183,8 @@ class AsyncBatchedCollector(BatchStream):
         for r in rows:
             spans.append((first, first + r - 1))
             first += r
-        self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout)
+        self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout,
+                                     server_step_timeout)
 
     def _server_side(self, version: int) -> tuple[SlotTransport | None, Any, list[list[Any]]]:
         """A fresh transport, a server for it (not started) and every block's client.
@@ -205,17 +215,21 @@ class AsyncBatchedCollector(BatchStream):
             return self._channels[w]
         return [self._slots.client(ch.slot) for ch in self._channels[w]]
 
-    def _release_names(self) -> None:
+    def _release_names(self, pool: bool = True) -> None:
         """Drop the semaphore names once every process opened them, unless a relaunched process needs them.
 
         With the names gone a SIGKILL of the whole group leaves nothing in
         /dev/shm; a run that may relaunch worker processes keeps them (the
         runner's sweep of dead runs' pid-named semaphores cleans up after a
         kill then). A restarted server always gets a new transport and
-        weights channel, so their old names are never needed again.
+        weights channel, so their old names are never needed again. After a
+        server restart only the new ones are dropped (``pool=False``): the
+        chunk pool's were dropped at start, and dropping a name twice makes
+        multiprocessing's resource tracker print a traceback per name.
         """
         if self.graph.workers == "thread" or not self._restarts.may_relaunch_workers:
-            release_semaphore_names(self._slots, self._pool, self.server.weights_channel)
+            release_semaphore_names(self._slots, self._pool if pool else None, self.server.weights_channel)
+            self._names_released = True
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> AsyncBatchedCollector:
@@ -252,6 +266,7 @@ class AsyncBatchedCollector(BatchStream):
             self._monitor.wait_for(RUNNING, self.start_timeout)  # start-up errors surface here
             self._release_names()  # every process has opened the shared semaphores by now
             self._monitor.mark()
+            self._monitor.watch_driver()
             if self.replay_buffer is not None:
                 self._writer.start(self._batches())
         except BaseException:
@@ -271,6 +286,7 @@ class AsyncBatchedCollector(BatchStream):
             self.workers.join(timeout)
         self._writer.join(timeout)
         self.server.shutdown(timeout)
+        self._monitor.stop_watching()
 
     # ------------------------------------------------------------- iteration
     def _next_chunk(self) -> int:

@@ -20,7 +20,9 @@ each env its action. No env ever waits for another's step.
 Fault paths stay those of the block loop: an env that raises fails the
 worker with the env's message; the worker's heartbeat is the start of its
 oldest unfinished step, so the hang watchdog sees one hung env among many
-busy ones; a pause collects every step in flight before parking.
+busy ones; the main thread beats the worker's progress clock on every turn
+(each wait is bounded), so a frozen worker is a hang too; a pause collects
+every step in flight before parking.
 """
 
 from __future__ import annotations
@@ -178,10 +180,16 @@ class _Strided:
 def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: ChunkWriter, control: Any,
                    mode: int, response_keys: tuple[str, ...]) -> None:
     """The worker loop for blocks of one env each, all stepping at once (see the module docstring)."""
-    from components.collector.worker import STEPPING, _await, _park, acquire_chunk
+    from components.collector.worker import STEPPING, WAITING_ACTIONS, _await, _park, acquire_chunk
 
     stop, pause, timing = control.stop[worker:worker + 1], control.pause, control.timing[worker]
     activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
+    progress, beats, monotonic = control.progress, control.beats, time.monotonic
+
+    def beat() -> None:
+        progress[worker] = monotonic()
+        beats[worker] += 1
+
     clock = time.perf_counter
     request = channel.request["observation"]
     n = len(blocks)
@@ -198,7 +206,11 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
             request[:m] = envs.obs[ks]
             started = clock()
             channel.submit(m, mode)
-            response = _await(channel, stop)
+            # A slow server is waited for, not a step that hangs (the step watchdog skips this activity).
+            activity[worker] = WAITING_ACTIONS
+            response = _await(channel, stop, beat)
+            heartbeat[worker] = envs.oldest_step_start()  # first: the wait was no step
+            activity[worker] = STEPPING
             timing[1] += clock() - started
             timing[5] += m
             if not responses:
@@ -223,11 +235,13 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
         capacity = chunks.chunk_len * chunks.rows
         written = 0
         while not stop[0]:
+            beat()  # every turn, waits included (each is bounded): a live worker always beats
             if pause[0]:
                 # Quiesce: every step in flight comes back (its transition is written after the pause);
                 # an env that hangs meanwhile is still a hang to the watchdog.
                 activity[worker] = STEPPING
                 while envs.in_flight and not stop[0]:
+                    beat()
                     heartbeat[worker] = envs.oldest_step_start()
                     pending += envs.returned(_POLL_S)
                 _park(worker, control)

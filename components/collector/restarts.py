@@ -1,7 +1,8 @@
 """Replacing a crashed or hung env worker, or a dead inference server, within a budget.
 
 A long run meets envs that crash (an exception in ``step``/``reset``, a
-segfault, a SIGKILL, a hang past ``step_timeout``). Instead of ending the
+segfault, a SIGKILL, a hang past ``step_timeout``: in a step or frozen
+anywhere, e.g. a stopped process). Instead of ending the
 run, the worker is replaced: the chunks it committed are still delivered,
 the one it was filling is dropped, its request slots are reused (request
 numbers keep the new worker from taking its predecessor's late answers),
@@ -11,7 +12,8 @@ the cut and never across it. ``max_restarts`` within ``restart_window``
 seconds bounds it per worker; past that, for envs that fail while being
 built, or for an env that returned NaN, the run stops with the cause. A
 dead inference server is replaced ``server.max_restarts`` times over the
-run, with the latest published weights.
+run, with the latest published weights; so is a frozen one (no progress
+for ``server.step_timeout`` while requests wait), killed first.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class WorkerRestarts:
         first_step = int(control.timing[w, taken]) + 2
         control.status[w], control.paused[w], control.activity[w] = STARTING, 0, BUILDING
         control.heartbeat[w] = time.monotonic()
+        control.beat(w)
         self._launches += 1
         first = sum(c._rows[:w])
         ids = tuple(range(first, first + c._rows[w]))
@@ -115,7 +118,8 @@ class WorkerRestarts:
                     raise CollectorError(f"{cause}; env worker {w} did not stop for the server restart")
             c._control.stop[:] = 0
             old.shutdown(timeout=1.0)
-            release_semaphore_names(c._slots, old.weights_channel)  # never opened again
+            if not c._names_released:  # never opened again (dropped already when nothing may relaunch)
+                release_semaphore_names(c._slots, old.weights_channel)
             slots, server, channels = c._server_side(version)
             if seq:
                 server.update_weights(state, version)
@@ -128,7 +132,7 @@ class WorkerRestarts:
             self.server_count += 1
             for w in range(len(c._rows)):
                 self._relaunch(w)
-            c._release_names()
+            c._release_names(pool=False)  # the new transport's and weights channel's names only
         print(f"warning: inference server ({server.backend}) restarted with the weights of version {version} "
               f"in {time.monotonic() - started:.1f} s ({self.server_count}/{self.max_server_restarts}); "
               f"{len(c._rows)} env worker(s) restarted with fresh envs: {cause}", file=sys.stderr, flush=True)

@@ -11,6 +11,15 @@ for a free chunk, which tells an env-bound run from an inference-bound or a
 trainer-bound one. Each worker also publishes what it is doing now
 (:data:`ACTIVITIES`) and when it last made progress, so a driver that waits
 in vain can say which worker waits on what.
+
+Two clocks per worker, both in the shared control block: ``heartbeat`` is
+when the env step in progress began (the step watchdog's clock: one step
+that never returns), ``progress`` (with the ``beats`` counter) is when the
+worker last turned its loop. Since every wait is a bounded turn, a live
+worker beats every fraction of a second whatever it waits on (a slow
+server, a trainer that holds every chunk); only a worker that is frozen
+(deadlocked outside an env step, or a process the kernel stopped) stops
+beating, and the driver treats that as a hang wherever it is stuck.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 
 from components.collector.chunks import ChunkWriter
 from components.collector.env_block import NEXT_KEYS, EnvBlock
+from components.procname import set_name
 from components.shm import FieldSpec, SharedArena
 
 _WAIT_S = 0.05
@@ -63,7 +73,11 @@ class WorkerControl:
             FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
             FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
             FieldSpec("activity", (num_workers,), "int8"),
+            # when the env step in progress began (the step watchdog's clock)
             FieldSpec("heartbeat", (num_workers,), "float64"),
+            # when the worker last turned its loop, and how many turns it took (the progress watchdog's)
+            FieldSpec("progress", (num_workers,), "float64"),
+            FieldSpec("beats", (num_workers,), "int64"),
             FieldSpec("reset_epoch", (1,), "int64"),
         ])
         self._bind()
@@ -73,6 +87,7 @@ class WorkerControl:
         self.stop, self.pause, self.paused = a.array("stop"), a.array("pause"), a.array("paused")
         self.status, self.timing = a.array("status"), a.array("timing")
         self.activity, self.heartbeat = a.array("activity"), a.array("heartbeat")
+        self.progress, self.beats = a.array("progress"), a.array("beats")
         self.reset_epoch = a.array("reset_epoch")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -81,6 +96,11 @@ class WorkerControl:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._bind()
+
+    def beat(self, worker: int) -> None:
+        """Worker ``worker`` turned its loop: it is alive and not stuck (a few hundred ns)."""
+        self.progress[worker] = time.monotonic()
+        self.beats[worker] += 1
 
     def fail(self, worker: int, message: str) -> None:
         data = message.encode("utf-8", "replace")[: _ERROR_BYTES - 1]
@@ -102,9 +122,11 @@ def _park(worker: int, control: WorkerControl) -> None:
     control.activity[worker] = PAUSED
     control.paused[worker] = 1
     while control.pause[0] and not control.stop[worker]:
+        control.beat(worker)  # parked, not frozen
         time.sleep(0.005)
     control.paused[worker] = 0
     control.heartbeat[worker] = time.monotonic()
+    control.beat(worker)
 
 
 def run_worker(
@@ -125,14 +147,20 @@ def run_worker(
     ``concurrent`` the blocks hold one env each and step at once, in threads,
     sharing the one channel (:mod:`components.collector.env_threads`).
     """
+    set_name(f"env-worker-{worker}")  # in a process worker's main thread: the process, as ps shows it
     control.activity[worker] = BUILDING
     control.heartbeat[worker] = time.monotonic()
+    control.beat(worker)
     try:
         blocks = make_blocks()
     except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
         control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
         raise
     try:
+        # The first resets count as a step (one that never returns is a hang, as in step).
+        control.activity[worker] = STEPPING
+        control.heartbeat[worker] = time.monotonic()
+        control.beat(worker)
         control.status[worker] = RUNNING
         if concurrent:
             from components.collector.env_threads import run_concurrent
@@ -167,13 +195,20 @@ def acquire_chunk(worker: int, chunks: ChunkWriter, control: WorkerControl) -> d
     return chunk
 
 
-def _await(channel: ActionChannel, stop: np.ndarray) -> dict[str, np.ndarray]:
+def _await(channel: ActionChannel, stop: np.ndarray, beat: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+    """The response to the channel's request, in bounded turns: each one re-checks stop and beats.
+
+    A slow server keeps the worker waiting here, never frozen: ``beat``
+    (the worker's progress clock) advances every turn.
+    """
     while True:
         try:
             return channel.wait(_WAIT_S * 5)
         except TimeoutError:
             if stop[0]:
                 raise _Stopped() from None
+            if beat is not None:
+                beat()
 
 
 def _loop(
@@ -187,7 +222,13 @@ def _loop(
 ) -> None:
     stop, pause, timing = control.stop[worker:worker + 1], control.pause, control.timing[worker]
     activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
-    clock = time.perf_counter
+    progress, beats = control.progress, control.beats
+    clock, monotonic = time.perf_counter, time.monotonic
+
+    def beat() -> None:
+        progress[worker] = monotonic()
+        beats[worker] += 1
+
     spans, obs, first = [], [], 0
     for block, channel in zip(blocks, channels):
         n = len(block)
@@ -202,12 +243,13 @@ def _loop(
     epoch = int(reset_epoch[0])
     t = 0
     while not stop[0]:
+        beat()  # every turn, waits included (each wait below is bounded): a live worker always beats
         if pause[0]:
             # Quiesce: collect every answer in flight, then park.
             activity[worker] = WAITING_ACTIONS
             for i, channel in enumerate(channels):
                 if held[i] is None:
-                    held[i] = _await(channel, stop)
+                    held[i] = _await(channel, stop, beat)
             _park(worker, control)
             continue
         if chunk is None:
@@ -223,28 +265,30 @@ def _loop(
             started = clock()
             if held[i] is None:
                 activity[worker] = WAITING_ACTIONS
-                response = _await(channel, stop)
+                response = _await(channel, stop, beat)
             else:
                 response = held[i]
             held[i] = None
             waited = clock()
             activity[worker] = STEPPING
-            heartbeat[worker] = time.monotonic()  # when this block's step began: the hang watchdog's clock
+            heartbeat[worker] = progress[worker] = monotonic()  # this block's step began: the step watchdog's clock
             timing[1] += waited - started
             chunk["observation"][t, span] = obs[i]
             chunk["env_index"][t, span] = block.env_ids
             chunk["env_step"][t, span] = block.env_step
+            block.check_actions(response["action"][:n])  # before the chunk copy: a wrong shape named, not numpy's
             for key in response_keys:
                 chunk[key][t, span] = response[key][:n]
             row = {key: chunk[key][t, span] for key in NEXT_KEYS}
             skipped = block.step(response["action"][:n], row, obs[i], truncate)
             if skipped:
                 timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
+            activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
             channel.submit(n, mode)
             timing[0] += clock() - waited
             timing[4] += n
             timing[5] += n
-        heartbeat[worker] = time.monotonic()
+        heartbeat[worker] = monotonic()
         timing[3] += 1
         t += 1
         if t == chunks.chunk_len:

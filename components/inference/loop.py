@@ -6,11 +6,18 @@ wait for a global barrier; the loop takes the requests that are ready, keeps
 draining for up to ``timeout`` seconds only while fewer than
 ``min_batch_size`` rows have arrived, and never takes more than
 ``max_batch_size`` rows into one forward pass.
+
+Every turn of the loop beats a progress clock (the time of the turn and a
+counter) and the loop publishes what it is doing (:data:`SERVER_ACTIVITIES`);
+each wait is bounded, so a live server beats every few tens of
+milliseconds even when idle, and one that stops beating while requests
+wait is frozen (see :mod:`components.collector.monitor`).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +27,24 @@ import torch
 from components.inference.serving import ENGINES, serving_engine
 from components.inference.stats import ServerStats, now
 from components.inference.transport import POLICY_VERSION, InferenceTransport, Pending
+
+#: What the serve loop is doing now, by code (the ``activity`` of a :class:`ServerPulse`).
+SERVER_ACTIVITIES = ("starting", "waiting for requests", "running a forward pass", "applying new weights")
+SERVER_STARTING, SERVER_WAITING, SERVER_FORWARD, SERVER_WEIGHTS = range(len(SERVER_ACTIVITIES))
+
+
+class ServerPulse:
+    """Where a serve loop beats: ``progress`` (monotonic time of its last turn), ``beats``, ``activity``.
+
+    One-element arrays, shared memory in a server's control block (plain
+    arrays by default), so the driver reads them without asking the server.
+    """
+
+    def __init__(self, progress: np.ndarray | None = None, beats: np.ndarray | None = None,
+                 activity: np.ndarray | None = None) -> None:
+        self.progress = progress if progress is not None else np.zeros(1, np.float64)
+        self.beats = beats if beats is not None else np.zeros(1, np.int64)
+        self.activity = activity if activity is not None else np.zeros(1, np.int8)
 
 
 @dataclass(frozen=True)
@@ -100,8 +125,10 @@ class ServeLoop:
         weights_source: Any = None,
         on_version: Any = None,
         version: int = 0,
+        pulse: ServerPulse | None = None,
     ) -> None:
         self.model = model
+        self.pulse = pulse or ServerPulse()
         self.served = serving_engine(model, config.engine, config.device, "cpu", config.seed,
                                      config.static_batch_size)
         self.transport = transport
@@ -118,6 +145,7 @@ class ServeLoop:
         source = self._weights_source
         if source is None or source.seq == self._seq:
             return
+        self.pulse.activity[0] = SERVER_WEIGHTS
         self.version, self._seq = source.copy_into(self.model)
         refresh = getattr(self.served, "refresh", None)
         if refresh is not None:
@@ -125,10 +153,16 @@ class ServeLoop:
         self.stats.record_weight_update(self.version)
         if self._on_version is not None:
             self._on_version(self.version)
+        self.pulse.activity[0] = SERVER_WAITING
 
     def serve(self, stop: threading.Event) -> None:
         cfg, transport = self.config, self.transport
+        progress, beats, activity = self.pulse.progress, self.pulse.beats, self.pulse.activity
+        monotonic = time.monotonic
+        activity[0] = SERVER_WAITING
         while not stop.is_set():
+            progress[0] = monotonic()  # every turn, idle ones included: a live server always beats
+            beats[0] += 1
             self.poll_weights()
             if not transport.wait_for_work(self._IDLE_WAIT_S):
                 continue
@@ -188,16 +222,20 @@ class ServeLoop:
         return out, passes
 
     def run_batch(self, requests: list[Pending], rows: int) -> None:
+        activity = self.pulse.activity
+        activity[0] = SERVER_FORWARD
         start = now()
         try:
             out, passes = self._forward(requests)
         except Exception as exc:  # noqa: BLE001 - delivered to the requesters
             self._isolate_failure(requests, exc)
+            activity[0] = SERVER_WAITING
             return
         # Recorded before the requesters wake: whoever reads the statistics after
         # an answer arrived finds that batch counted.
         self.stats.record_batch(start, now(), rows, [p.submitted_at for p in requests], passes)
         self.transport.resolve(requests, out)
+        activity[0] = SERVER_WAITING
 
     def _isolate_failure(self, requests: list[Pending], exc: Exception) -> None:
         """A batch failed: serve its requests one by one so only the culprits get the error."""

@@ -11,6 +11,11 @@ the driver side), and the clients learn of the server's death from the
 transport's liveness pipe, which closes when the server ends however it
 ends. Only what cannot be shared differs: a process ties its life to the
 driver and sets its own torch threads and seed.
+
+A server can also be alive and frozen (a process the kernel stopped, a
+forward pass that never returns): the serve loop beats a progress clock in
+the control block on every turn, and :meth:`InferenceServer.silent_for`
+tells the driver's watchdog how long it has been quiet.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from components.inference.loop import ServeLoop, ServerConfig
+from components.inference.loop import SERVER_ACTIVITIES, SERVER_STARTING, ServeLoop, ServerConfig, ServerPulse
 from components.inference.slots import SlotTransport
 from components.inference.stats import STAT_KEYS, ServerStats
 from components.inference.weights import shared_weights, state_of
 from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
 from components.models import ModelSpec
+from components.procname import set_name
 from components.shm import FieldSpec, SharedArena
 
 PLACEMENTS = ("thread", "process")
@@ -50,6 +56,10 @@ def _control_block() -> SharedArena:
         FieldSpec("status", (1,), "int8"),
         FieldSpec("version", (1,), "int64"),
         FieldSpec("error", (_ERROR_BYTES,), "uint8"),
+        # the serve loop's pulse (see ServerPulse): time of its last turn, turns, what it is doing
+        FieldSpec("progress", (1,), "float64"),
+        FieldSpec("beats", (1,), "int64"),
+        FieldSpec("activity", (1,), "int8"),
     ])
 
 
@@ -96,6 +106,7 @@ def _server_main(
 ) -> None:
     if placement == "process":
         become_child(parent_pid, from_main_thread)
+        set_name("infer-server")  # as ps shows it
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         if config.seed is not None:
@@ -113,8 +124,9 @@ def _server_main(
         def on_version(v: int) -> None:
             published[0] = v
 
+        pulse = ServerPulse(control.array("progress"), control.array("beats"), control.array("activity"))
         loop = ServeLoop(net, transport, config, stats, weights_source=weights, on_version=on_version,
-                         version=version)
+                         version=version, pulse=pulse)
         loop.poll_weights()  # weights pushed before we started act from the first request
         commands = threading.Thread(target=_serve_commands, args=(conn, stats, stop), name="server-commands",
                                     daemon=True)
@@ -265,6 +277,34 @@ class InferenceServer:
     @property
     def is_alive(self) -> bool:
         return self._runner is not None and self._runner.is_alive()
+
+    def silent_for(self) -> float | None:
+        """Seconds since the serve loop last turned (None unless it is serving: starting, stopped, dead)."""
+        if self._stopped or not self.is_alive or self._control.array("status")[0] != _READY:
+            return None
+        beat = float(self._control.array("progress")[0])
+        return max(0.0, time.monotonic() - beat) if beat else None
+
+    @property
+    def activity(self) -> str:
+        """What the serve loop was doing at its last turn (words of :data:`SERVER_ACTIVITIES`)."""
+        code = int(self._control.array("activity")[0])
+        return SERVER_ACTIVITIES[code] if 0 <= code < len(SERVER_ACTIVITIES) else SERVER_ACTIVITIES[SERVER_STARTING]
+
+    @property
+    def beats(self) -> int:
+        """Turns of the serve loop so far."""
+        return int(self._control.array("beats")[0])
+
+    def pending_requests(self) -> int:
+        """Requests submitted and not answered yet (the server has work)."""
+        return self.transport.pending()
+
+    def kill(self) -> None:
+        """SIGKILL a server process (a frozen one answers nothing gentler); a thread cannot be killed."""
+        if self.placement != "process" or self._runner is None:
+            raise RuntimeError("only a server process can be killed")
+        force_stop(self._runner, grace=5.0)
 
     @property
     def error(self) -> str | None:

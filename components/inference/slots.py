@@ -162,6 +162,11 @@ class SlotTransport(InferenceTransport):
             }
         return self._server_views
 
+    def pending(self) -> int:
+        """Requests submitted and not answered yet, whoever reads it (the driver's hang watchdog)."""
+        a = self._arena
+        return int(np.count_nonzero(a.array("ctl.req_seq") != a.array("ctl.resp_seq")))
+
     def wait_for_work(self, timeout: float) -> bool:
         if self._doorbell.acquire(timeout=max(timeout, 0.0)):
             return True
