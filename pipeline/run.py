@@ -42,7 +42,8 @@ from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan, resolve_plan
 from pipeline.presets import preset_line
 from pipeline.resume import rewind_metrics
-from pipeline.rundir import LOCK, DiskReserve, apply_mode, claim_run_dir, write_hydra_files
+from pipeline.run_lock import LOCK, claim_run_dir
+from pipeline.rundir import DiskReserve, apply_mode, write_hydra_files
 from pipeline.signals import _PENDING, exit_interrupted, raise_if_pending
 from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.sweep import cpu_share

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.budgets import check_budgets, transition_bytes
 from pipeline.plan import Machine, resolve_plan
-from pipeline.rundir import LOCK, claim_run_dir
+from pipeline.run_lock import LOCK, claim_run_dir
 from pipeline.validate import ConfigError
 from tests.conftest import compose
 

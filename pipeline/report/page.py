@@ -14,13 +14,15 @@ is ever written as markup or code:
 
 - text and attributes go through ``html.escape``;
 - data for scripts sits in ``<script type="application/json">`` elements,
-  encoded by :func:`script_json`, which writes ``<``, ``>``, ``&`` and
-  U+2028/2029 as ``\\u`` escapes: ``</script>`` or ``<!--`` cannot occur in it;
+  encoded by :func:`~pipeline.report.escape.script_json`, which writes
+  ``<``, ``>``, ``&`` and U+2028/2029 as ``\\u`` escapes: ``</script>`` or
+  ``<!--`` cannot occur in it;
 - the only executable scripts are this module's constants and plotly's own
   bundle, and the page's Content-Security-Policy names each by its hash, so a
   script smuggled in some other way would not run either;
 - text that plotly draws (trace names, hover text, tick labels) is escaped
-  with :func:`plot_text`, since plotly reads ``<a href>``, ``<b>`` etc. in it;
+  with :func:`~pipeline.report.escape.plot_text`, since plotly reads
+  ``<a href>``, ``<b>`` etc. in it;
 - the JavaScript reads data with ``textContent``/``JSON.parse`` and writes
   it with ``textContent``, never ``innerHTML``.
 
@@ -31,16 +33,14 @@ may send besides the page itself.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import html
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
+from pipeline.report.escape import csp, escape_json_text, plot_text, script_json
 from pipeline.report.runs import RunRecord, swept_keys
 
 _STATUS_COLOURS = {"running": "#1f77b4", "finished": "#2ca02c", "solved": "#17becf", "failed": "#d62728",
@@ -103,38 +103,6 @@ _AFTER_JS = """
   check();
 })();
 """
-
-
-_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-_JSON_UNSAFE = str.maketrans(_JSON_ESCAPES)
-
-
-def script_json(value: Any) -> str:
-    """``value`` as JSON text that is safe inside any ``<script>`` element (see the module docstring)."""
-    return escape_json_text(json.dumps(value, allow_nan=False))
-
-
-def escape_json_text(text: str) -> str:
-    """JSON text with ``<``, ``>``, ``&``, U+2028 and U+2029 written as ``\\u`` escapes (still the same JSON).
-
-    Those characters only occur inside JSON strings, where the escape means
-    the same character, so any JSON text (plotly's too) stays valid.
-    """
-    return text.translate(_JSON_UNSAFE)
-
-
-def plot_text(text: Any) -> str:
-    """Text for plotly to draw as it is: plotly reads a subset of HTML (links, styles) in labels.
-
-    Only ``&``, ``<``, ``>`` are escaped: plotly decodes exactly those
-    entities (and numeric ones) back to characters, not ``&quot;``.
-    """
-    return html.escape(str(text), quote=False)
-
-
-def media_url(relative: str) -> str:
-    """The URL by which the page refers to a media file at ``relative`` (under the report's root)."""
-    return quote(relative, safe="/")
 
 
 @dataclass(frozen=True)
@@ -356,12 +324,6 @@ def _plot(fig: Any, div_id: str) -> str:
             f'<script type="application/json" class="plot-spec" data-div="{ident}">{escape_json_text(spec)}</script>')
 
 
-def _csp(scripts: list[str]) -> str:
-    """A Content-Security-Policy that lets exactly ``scripts`` (inline, by hash) run, and nothing else."""
-    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
-    return f"script-src {hashes}; object-src 'none'; base-uri 'none'; form-action 'none'"
-
-
 def build_page(runs: list[RunRecord], title: str, *, refresh_s: float | None = None) -> str:
     """The whole HTML document for ``runs``."""
     return render(runs, title, refresh_s=refresh_s).html
@@ -402,10 +364,10 @@ def render(runs: list[RunRecord], title: str, *, refresh_s: float | None = None)
     plotly_js = plotly.offline.get_plotlyjs().replace("\r\n", "\n").replace("\r", "\n")
     if "</script" in plotly_js.lower():
         raise RuntimeError("this plotly bundle cannot be inlined (it holds '</script')")
-    csp = _csp([_ERRORS_JS, plotly_js, _AFTER_JS])
+    policy = csp([_ERRORS_JS, plotly_js, _AFTER_JS])
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">{refresh}
-<meta http-equiv="Content-Security-Policy" content="{html.escape(csp)}">
+<meta http-equiv="Content-Security-Policy" content="{html.escape(policy)}">
 <meta name="referrer" content="no-referrer">
 <title>{html.escape(title)}</title>
 <style>{_STYLE}</style>
