@@ -6,7 +6,7 @@ and prints one markdown row per (scenario, layout): the exit code, the
 seconds that matter for the scenario (to react, or the whole run), what was
 left behind (processes of the run's group, /dev/shm entries) and a verdict.
 
-    python scripts/chaos_table.py                 # all scenarios, all layouts (~10 min on 2 CPUs)
+    python scripts/chaos_table.py                 # all scenarios, all layouts (~15 min on 2 CPUs)
     python scripts/chaos_table.py crash hang      # some scenarios
 
 The tests in ``tests/chaos/`` assert the same things one by one; this is
@@ -306,12 +306,140 @@ def same_second(layout: list[str], tmp: Path) -> Outcome:
                    f"two runs launched together: {len(dirs)} directories")
 
 
+def _until(run: Run, key: str, since: float, timeout: float = 60.0) -> float:
+    """Seconds from ``since`` until a metrics row shows ``key`` >= 1 (nan if it never does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        if _max(run, key) >= 1:
+            return time.monotonic() - since
+        time.sleep(0.05)
+    return float("nan")
+
+
+def _frozen(run: Run, pid: int, key: str) -> tuple[int | None, float, float]:
+    """SIGSTOP ``pid``; the run's exit code, seconds until ``key`` counted the restart, and that count."""
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        seconds = _until(run, key, stopped)
+        code = run.finish()
+    finally:
+        try:  # never leave a stopped process behind, whatever the runner did
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return code, seconds, _max(run, key)
+
+
+def sigstop_worker(layout: list[str], tmp: Path) -> Outcome:
+    if "workers=process" not in layout:
+        return Outcome(None, 0.0, True, "n/a: thread workers (a frozen thread is the `hang` rows)")
+    run = Run([*layout, *BASE, "workers.step_timeout=3", "trainer.total_frames=30000"], tmp / "run")
+    run.wait_rows(2)
+    code, seconds, restarts = _frozen(run, run.children()[-1], "collector/worker_restarts")
+    frames = _summary(run).get("frames")
+    ok = code == 0 and restarts == 1 and frames == 30000 and seconds <= 3 + 2
+    return Outcome(code, seconds, ok, f"frozen worker restarted after {seconds:.1f} s; {frames} frames")
+
+
+def sigstop_server(layout: list[str], tmp: Path) -> Outcome:
+    if "server=process" not in layout:
+        return Outcome(None, 0.0, True, "n/a: the server is a thread of the runner")
+    run = Run([*layout, *BASE, "server.step_timeout=3", "server.max_restarts=1", "trainer.total_frames=30000"],
+              tmp / "run")
+    run.wait_rows(2)
+    code, seconds, restarts = _frozen(run, run.children()[0], "collector/server_restarts")
+    frames = _summary(run).get("frames")
+    ok = code == 0 and restarts == 1 and frames == 30000 and seconds <= 3 + 2
+    return Outcome(code, seconds, ok, f"frozen server restarted after {seconds:.1f} s; {frames} frames")
+
+
+_PAYLOAD = "import os, pickle, sys\nclass P:\n    def __reduce__(self):\n        return (os.system, (f'touch {sys.argv[2]}',))\n" \
+           "open(sys.argv[1], 'wb').write(pickle.dumps(P()))\n"
+
+
+def crafted_resume(layout: list[str], tmp: Path) -> Outcome:
+    """A run directory whose overrides would unpickle a planted file on ``resume=``: refused, nothing runs."""
+    run = Run([*layout, *BASE, "trainer.total_frames=1024"], tmp / "run")
+    if run.finish() != 0:
+        return Outcome(run.proc.returncode, 0.0, False, "the run to craft did not finish")
+    payload, marker = run.run_dir / "payload.pkl", tmp / "PWNED"
+    subprocess.run([sys.executable, "-c", _PAYLOAD, str(payload), str(marker)], check=True, timeout=60)
+    overrides = run.run_dir / ".hydra" / "overrides.yaml"
+    overrides.write_text(overrides.read_text() + f"- env.factory._target_=torch.load\n- +env.factory.f={payload}\n"
+                         "- +env.factory.weights_only=false\n")
+    resumed = Run([f"resume={run.run_dir}"], run.run_dir, set_dir=False)
+    code = resumed.finish()
+    lines = [line for line in resumed.err.splitlines() if line.strip()]
+    ok = code == 2 and len(lines) == 1 and "_target_" in lines[0] and not marker.exists()
+    return Outcome(code, time.monotonic() - resumed.started, ok,
+                   f"payload ran: {marker.exists()}; " + (lines[-1][:90] if lines else "no error line"))
+
+
+BLOCKING_SINK = ["logger.extra_sinks=[tests.blocking_sink.BlockingSink]", "logger.queue_rows=8",
+                 "logger.wandb_timeout=3"]
+
+
+def _blocked_rows(run: Run, timeout: float = 120.0) -> None:
+    """Until the sink is stuck and its queue full (a row counts a dropped row)."""
+    deadline = time.monotonic() + timeout
+    while _max(run, "logger/dropped_rows") < 1 and time.monotonic() < deadline and run.proc.poll() is None:
+        time.sleep(0.05)
+
+
+def blocked_sink(layout: list[str], tmp: Path) -> Outcome:
+    run = Run([*layout, *BASE, *BLOCKING_SINK, "logger.rows_per_run=400", "trainer.total_frames=40000"],
+              tmp / "run")  # rows enough to fill the pipe and the queue behind the stuck sink
+    code = run.finish()
+    summary = _summary(run)
+    warned = sum(line.startswith("warning: logger sink") for line in run.err.splitlines())
+    ok = code == 0 and summary.get("frames") == 40000 and summary.get("logger/dropped_rows", 0) > 0 \
+        and warned == 2 and (run.run_dir / "checkpoint.pt").exists() and "Traceback" not in run.err
+    return Outcome(code, time.monotonic() - run.started, ok,
+                   f"{summary.get('logger/dropped_rows')} rows dropped for the stuck sink, {summary.get('frames')} frames")
+
+
+def blocked_sink_sigint(layout: list[str], tmp: Path) -> Outcome:
+    run = Run([*layout, *BASE, *BLOCKING_SINK, "trainer.total_frames=2000000"], tmp / "run")
+    _blocked_rows(run)
+    os.killpg(run.proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    code = run.finish()
+    seconds = time.monotonic() - sent
+    summary = _summary(run)
+    ok = code == 130 and summary.get("stop_reason", "").startswith("interrupted") and seconds < 10 \
+        and (run.run_dir / "checkpoint.pt").exists() and "Traceback" not in run.err
+    return Outcome(code, seconds, ok, f"summary '{summary.get('stop_reason')}', checkpoint written, sink abandoned")
+
+SPEC = ["env.factory._target_=tests.fakes.SpecBreakingEnvFactory", "+env.factory.at_step=30", "transport=slots"]
+
+
+def spec_shape(layout: list[str], tmp: Path) -> Outcome:
+    run = Run([*layout, *BASE, *SPEC, "+env.factory.fault=obs_shape", "workers.max_restarts=0",
+               "trainer.total_frames=20000"], tmp / "run")
+    code = run.finish()
+    errors = run.errors()
+    ok = code == 1 and len(errors) == 1 and "broke its spec" in errors[0] and "promises shape (4,)" in errors[0]
+    return Outcome(code, time.monotonic() - run.started, ok, errors[0][-90:] if errors else "no error line")
+
+
+def spec_reward_once(layout: list[str], tmp: Path) -> Outcome:
+    run = Run([*layout, *BASE, *SPEC, "+env.factory.fault=reward_2", f"+env.factory.once={tmp / 'm'}",
+               "workers.max_restarts=1", "trainer.total_frames=4000"], tmp / "run")
+    code = run.finish()
+    frames, restarts = _summary(run).get("frames"), _max(run, "collector/worker_restarts")
+    return Outcome(code, time.monotonic() - run.started, code == 0 and frames == 4000 and restarts == 1,
+                   f"a (2,) reward once: restarted ({restarts:g}), {frames} frames")
+
 SCENARIOS: dict[str, Callable[[list[str], Path], Outcome]] = {
     "crash": crash_restart, "crash-repeated": crash_repeated, "hang": hang, "kill-worker": kill_worker,
     "kill-server": kill_server, "kill-server-no-restart": kill_server_no_restart,
     "sigint-mid-run": sigint_mid_run, "sigterm-mid-run": sigterm_mid_run, "sigint-start-up": sigint_start_up,
     "nan": nan_error, "nan-skip": nan_skip, "disk-full": disk_full, "kill-resume": kill_resume,
-    "same-second": same_second,
+    "same-second": same_second, "sigstop-worker": sigstop_worker, "sigstop-server": sigstop_server,
+    "crafted-resume": crafted_resume, "blocked-sink": blocked_sink, "blocked-sink-sigint": blocked_sink_sigint,
+    "spec-shape": spec_shape, "spec-reward-once": spec_reward_once,
 }
 
 
@@ -341,6 +469,10 @@ def main(argv: list[str]) -> int:
             code = "-" if outcome.code is None else str(outcome.code)
             print(f"| {name} | {layout_name} | {code} | {outcome.seconds:.1f} | {procs}, {shm} | "
                   f"{'PASS' if ok else 'FAIL'}: {outcome.detail} |", flush=True)
+            if not ok:  # what the failed row's runs said, for whoever reads the table
+                for run in RUNS:
+                    tail = [line for line in run.err.splitlines() if line.strip()][-5:]
+                    print(f"{name} {layout_name}: " + " | ".join(tail), file=sys.stderr, flush=True)
     return 1 if failed else 0
 
 
