@@ -318,8 +318,11 @@ class GraphMonitor:
             beats = self.control.beats.copy()
             turned = bool(beats[slowest[0]] != self._beats_mark[slowest[0]])
             self._beats_mark = beats
-            # one that never turned its loop is not slow but frozen: the hang watchdog's, not a warning
-            self._warn_if_slow(*slowest, rates, turned)
+            # one that never turned its loop is not slow but frozen: the hang watchdog's, not a warning;
+            # one that mostly waited (for actions, for chunk space) is starved by shared parts, not slowed by
+            # its own envs: its ratio is logged, the warning is for envs that are slow
+            stepping = float(delta[slowest[0], 0] / wall) >= 0.5
+            self._warn_if_slow(*slowest, rates, turned and stepping)
         return out
 
     def _warn_if_slow(self, worker: int, ratio: float, rates: np.ndarray, turned: bool = True) -> None:

@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from components.collector.collector import AsyncBatchedCollector, CollectorError, GraphSpec
@@ -350,3 +352,33 @@ def test_server_step_timeout_must_be_positive_or_null(value):
         assert compose(f"server={server}").server.step_timeout == 60.0
     with pytest.raises(ConfigError if value != "abc" else Exception, match=r"server.step_timeout"):
         validate(compose("server=process", f"server.step_timeout={value}"), cuda_available=False)
+
+
+def _monitor_over(env_s: list[float], frames: list[int], wall: float = 1.0) -> tuple[Any, list[str]]:
+    """A GraphMonitor over a fake control block: two intervals in which worker w stepped ``env_s[w]`` s."""
+    import types
+
+    from components.collector.monitor import GraphMonitor
+    from components.collector.worker import TIMING
+
+    n = len(env_s)
+    control = types.SimpleNamespace(timing=np.zeros((n, len(TIMING))), beats=np.zeros(n, np.int64))
+    monitor = GraphMonitor(control, None, None, [(w, w) for w in range(n)], None)
+    lines: list[str] = []
+    for interval in range(3):
+        monitor._timing_mark = (time.monotonic() - wall, control.timing.copy()) if interval else None
+        control.timing[:, TIMING.index("env_s")] += env_s
+        control.timing[:, TIMING.index("frames")] += frames
+        control.beats += 10  # every worker turned its loop
+        out = monitor.worker_stats()
+        lines.append(str(out.get("slowest_worker")))
+    return monitor, lines
+
+
+def test_a_worker_that_mostly_waited_is_not_warned_about_as_slow(capfd):
+    """Starved (waiting for actions or chunks) is not slow envs: the ratio is logged, no warning."""
+    _, slowest = _monitor_over(env_s=[0.9, 0.9, 0.9, 0.05], frames=[1000, 1000, 1000, 10])
+    assert slowest[1:] == ["3", "3"]
+    assert "is slow" not in capfd.readouterr().err
+    _, slowest = _monitor_over(env_s=[0.9, 0.9, 0.9, 0.95], frames=[1000, 1000, 1000, 10])
+    assert "warning: env worker 3 (envs 3-3) is slow" in capfd.readouterr().err
