@@ -323,10 +323,16 @@ def test_more_ctrl_c_during_the_clean_up_keep_the_checkpoint_and_the_last_one_ab
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.monotonic()
     time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # impatient: during the collector's shutdown or the checkpoint
-    _wait_for(proc, lambda: _rows(run_dir)[1] is not None, 8, "the summary row")
-    _wait_for(proc, lambda: "(Ctrl-C abandons them)" in err.read_text(), 5, "the line saying what the close waits for")
-    os.killpg(proc.pid, signal.SIGINT)  # the sinks are closing (they would get 60 s): stop waiting for them
+    os.killpg(proc.pid, signal.SIGINT)  # impatient: during the collector's shutdown, the checkpoint or the close
+    # Where the second one lands depends on the machine's speed: before the summary it must be ignored, during
+    # the sinks' close it abandons them. Either way the run ends with its checkpoint and summary.
+    closing = lambda: "(Ctrl-C abandons them)" in err.read_text()  # noqa: E731
+    deadline = time.monotonic() + 8
+    while proc.poll() is None and not closing() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None:
+        assert closing(), "the run neither ended nor said what its close waits for within 8 s"
+        os.killpg(proc.pid, signal.SIGINT)  # the sinks are closing (they would get 60 s): stop waiting for them
     _check_interrupted_run(proc, run_dir, sent)
     warnings = _warnings(err)
     assert sum("could not close the logger: interrupted" in line for line in warnings) == 1, warnings
