@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.procs, when run as a script
+
+from tests.procs import spawned_children  # noqa: E402
 LAYOUTS = {
     "thread/thread": ["workers=thread", "server=thread", "transport=slots"],
     "process/thread": ["workers=process", "server=thread", "transport=slots"],
@@ -77,18 +80,7 @@ class Run:
 
     def children(self) -> list[int]:
         """The runner's spawned children (workers, server), oldest first."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == self.proc.pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                found.append((int(fields[19]), int(entry.name)))
-        return [pid for _, pid in sorted(found)]
+        return [pid for _, pid, _ in spawned_children(self.proc.pid)]
 
     def finish(self, timeout: float = 300.0) -> int | None:
         try:

@@ -29,6 +29,7 @@ from components.envs import GymEnvFactory, probe_env_spec
 from components.models import ModelSpec
 from tests.conftest import ROOT, assert_group_gone
 from tests.fakes import SlowEnvFactory
+from tests.procs import spawned_children
 
 TIMEOUT = 3  # workers.step_timeout and server.step_timeout of every run here
 #: Each paced env step sleeps this long: a run's frame rate is bounded and its length predictable.
@@ -56,24 +57,6 @@ def _syscall(pid: int) -> str | None:
         return None
 
 
-def _children(parent: int) -> list[tuple[int, int, str]]:
-    """``(start time, pid, name)`` of ``parent``'s spawned children, oldest first (the resource tracker left out)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-            name = (entry / "comm").read_text().strip()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"spawn_main" in cmdline \
-                and b"resource_tracker" not in cmdline:
-            out.append((int(fields[19]), int(entry.name), name))
-    return sorted(out)
-
-
 def _find(runner: int, what: str) -> int:
     """The pid of the run's server process, or of one of its worker processes.
 
@@ -82,7 +65,7 @@ def _find(runner: int, what: str) -> int:
     """
     started = time.monotonic()
     while time.monotonic() - started < 60:
-        kids = _children(runner)
+        kids = spawned_children(runner)
         named = [pid for _, pid, name in kids if name == ("infer-server" if what == "server" else "env-worker-0")]
         if named:
             return named[0]

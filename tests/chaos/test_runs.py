@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, assert_group_gone, run_pipeline
+from tests.procs import spawned_children
 
 pytestmark = pytest.mark.slow
 
@@ -201,16 +202,9 @@ def _server_pid(runner: int, timeout: float = 120.0) -> int:
     """The runner's spawned child that is not multiprocessing's resource tracker (workers=thread: the server)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmdline = (entry / "cmdline").read_bytes()
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == runner and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                return int(entry.name)
+        children = spawned_children(runner)
+        if children:
+            return children[0][1]
         time.sleep(0.05)
     raise AssertionError("no server process appeared")
 
