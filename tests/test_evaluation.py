@@ -11,13 +11,15 @@ from components.envs import GymEnvFactory, probe_env_spec
 from components.models import ActorCritic
 from pipeline.evaluation import EvaluationError, Evaluator
 from tests.conftest import run_pipeline
-from tests.fakes import FaultyEnvFactory
+from tests.fakes import FaultyEnvFactory, SlowEnvFactory
 
 
 def test_an_evaluation_plays_whole_greedy_episodes_with_the_given_weights():
     factory = GymEnvFactory("CartPole-v1")
     model = ActorCritic(probe_env_spec(factory), hidden=(8,))
-    evaluator = Evaluator(factory, model, episodes=4, seed=1)
+    # 2 ms a step: the first evaluation is still running when the second start comes (fast episodes could end
+    # in between, and the second start then began an evaluation of its own)
+    evaluator = Evaluator(SlowEnvFactory(0.002), model, episodes=4, seed=1)
     try:
         assert evaluator.start(model.state_dict(), version=7, frames=100)
         assert not evaluator.start(model.state_dict(), version=8, frames=200) or not evaluator.busy
