@@ -98,7 +98,6 @@ class Evaluator:
     def _run(self, state: dict[str, torch.Tensor], version: int, frames: int, count: int) -> None:
         try:
             started = time.monotonic()
-            torch.set_num_threads(1)  # this thread's pool only: leaves the trainer its own
             self.model.load_state_dict(state)
             returns, lengths = self._play(count)
             result = {"return_mean": float(np.mean(returns)), "return_std": float(np.std(returns)),

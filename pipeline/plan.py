@@ -107,6 +107,31 @@ def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpu
                         "one CPU left for inference")
 
 
+def worker_threads(cfg: DictConfig, server: str) -> int:
+    """Threads of each process worker's pools: its policy copy's (server=inline), else one.
+
+    A worker that only steps envs has no use for a pool, and one per CPU in
+    every worker is what made 1,024 CartPole envs 4x slower than 256 (see
+    :mod:`components.threads`).
+    """
+    return int(cfg.server.num_threads) if server == "inline" else 1
+
+
+def thread_budget_text(cfg: DictConfig, graph: GraphSpec) -> str:
+    """The plan's ``threads`` line: what each kind of process's BLAS/OpenMP/torch pools hold."""
+    parts = [f"driver {int(cfg.torch_threads)} (torch_threads: trainer"
+             + (", thread workers" if graph.workers == "thread" else "")
+             + (", inference thread" if graph.server == "thread" else "")
+             + (", inline policy" if graph.server == "inline" and graph.workers == "thread" else "") + ")"]
+    if graph.workers == "process":
+        parts.append(f"{graph.num_workers} env worker process(es) {graph.worker_threads} each"
+                     + (" (server.num_threads: each runs its policy copy)" if graph.server == "inline" else ""))
+    if graph.server == "process":
+        parts.append(f"inference process {int(cfg.server.num_threads)} (server.num_threads)")
+    parts.append("metric sinks 1")
+    return ", ".join(parts) + "; pinned in each process before numpy or torch loads"
+
+
 def _serving_engine(cfg: DictConfig, policy_device: str) -> tuple[str, str]:
     """``server.engine`` resolved, and why (the numpy engine covers the built-in MLP networks on the CPU)."""
     engine = str(cfg.server.engine)
@@ -313,6 +338,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
         concurrent_envs=concurrent,
+        worker_threads=worker_threads(cfg, server),
     )
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:
@@ -325,6 +351,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
                                        (c.driver_affinity, f"driver threads on CPUs {list(c.driver_affinity or [])}"),
                                        (c.policy_version, f"initial policy version {c.policy_version}")) if flag]
     reasons.append(("collector", ", ".join(extras)))
+    reasons.append(("threads", thread_budget_text(cfg, graph)))
     server_cfg = ServerConfig(
         max_batch_size=int(cfg.server.max_batch_size),
         min_batch_size=int(cfg.server.min_batch_size),

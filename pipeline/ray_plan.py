@@ -57,6 +57,8 @@ def ray_plan(cfg: DictConfig, plan: Plan, cluster: Any) -> tuple[Plan, RayHostsS
         "workers": f"ray: {hosts_why} env host(s) (Ray actors of {spec.cpus_per_host:g} CPU(s), "
                    f"{spec.scheduling} placement{', resources ' + str(spec.resources) if spec.resources else ''}), "
                    f"{per_host} envs each stepped by {local}",
+        "threads": f"driver {int(cfg.torch_threads)} (torch_threads: trainer), each env host 1 (its envs and policy "
+                   "copy in turn), metric sinks 1; pinned in each process",
         "transport": f"Ray object refs: {chunk_why} ({', '.join(str(f) for f in spec.chunk_frames())} transitions), "
                      f"{spec.in_flight} chunk request(s) in flight per host; weights: one ray.put per update",
     }

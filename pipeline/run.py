@@ -35,6 +35,7 @@ from components.envs import EnvConfigError, probe_env_spec
 from components.lifecycle import name_semaphores_by_pid, sweep_stale_semaphores
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
+from components.threads import pin_pools, report_pools
 from components.trainers.base import NonFiniteError, Trainer
 from pipeline.budgets import check_budgets
 from pipeline.evaluation import EvaluationError, Evaluator
@@ -213,6 +214,9 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
             machine = replace(machine, cpus=share, note=f"sized for {share} of {machine.cpus} CPU(s): {concurrent_jobs} "
                                                           "sweep jobs run at once (hydra.launcher.n_jobs)")
         validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
+        # The driver's pools, before the probes time the policy with them; children inherit the sizes
+        # unless they are started with their own (components/threads.py).
+        pin_pools(int(cfg.torch_threads))
         hook = post_collect_hook(cfg)
         env_factory, env_spec = build_env(cfg)
         plan = resolve_plan(cfg, machine, env_spec, layout_costs(cfg, env_factory, env_spec, machine))
@@ -291,7 +295,8 @@ class JobInfo:
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
            resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None)) -> int:
-    torch.set_num_threads(int(cfg.torch_threads))
+    pin_pools(int(cfg.torch_threads))
+    report_pools("driver")
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
     model_spec, trainer = build_learner(cfg, env_spec, plan)

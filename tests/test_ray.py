@@ -108,10 +108,16 @@ def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
     before = _ray_pids("raylet") | _ray_pids("gcs_server")
     run_dir = tmp_path / "local"
     # sync_collection: the hosts' workers are parked (remotely) during every update
+    pools = tmp_path / "pools"  # what each process's thread pools held (components/threads.py)
     done = run_pipeline([*SOLVE, "ray.address=local", "trainer.sync_collection=true", f"hydra.run.dir={run_dir}"],
-                        cwd=tmp_path, timeout=280)
+                        cwd=tmp_path, timeout=280, env={"RLPIPELINE_POOLS_DIR": str(pools)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "started here (127.0.0.1 only" in done.stdout and "target_return" in done.stdout
+    assert "each env host 1" in done.stdout
+    hosts = [json.loads(p.read_text()) for p in pools.glob("ray-host-*.json")]
+    assert hosts, sorted(p.name for p in pools.glob("*"))
+    for host in hosts:  # one thread per host, whatever Ray started its process with
+        assert host["torch"] == 1 and {lib["num_threads"] for lib in host["libraries"]} == {1}, host
     deadline = time.monotonic() + 15
     while (_ray_pids("raylet") | _ray_pids("gcs_server")) - before and time.monotonic() < deadline:
         time.sleep(0.2)

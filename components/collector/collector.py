@@ -177,7 +177,7 @@ class AsyncBatchedCollector(BatchStream):
         self._slots_shape = (num_slots, slot_rows, worker_ctx if worker_ctx is not threading else server_ctx)
         self._template = served.state_dict()
         self._slots, self.server, self._channels = self._server_side(self._initial_version)
-        self.workers: Any = (ProcessWorkers(self._mp, g.worker_nice) if g.workers == "process"
+        self.workers: Any = (ProcessWorkers(self._mp, g.worker_nice, g.worker_threads) if g.workers == "process"
                              else ThreadWorkers(self._driver_affinity))
         spans, first = [], 0
         for r in rows:

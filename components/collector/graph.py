@@ -26,6 +26,8 @@ class GraphSpec:
         concurrent_envs: every env of a worker steps in its own thread and
             its transition is written as it returns (for envs whose step
             mostly waits); one block per worker, so ``splits`` must be 1.
+        worker_threads: BLAS/OpenMP/torch threads of each process worker
+            (pinned before it loads numpy: :mod:`components.threads`).
 
     Examples:
         >>> g = GraphSpec("process", "process", num_envs=7, envs_per_worker=4, chunk_len=3, splits=2)
@@ -43,14 +45,15 @@ class GraphSpec:
     worker_affinity: tuple[tuple[int, ...], ...] | None = None
     worker_nice: int = 0
     concurrent_envs: bool = False
+    worker_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.workers not in ("thread", "process"):
             raise ValueError(f"workers must be thread or process, got {self.workers!r}")
         if self.server not in ("thread", "process", "inline"):
             raise ValueError(f"server must be thread, process or inline, got {self.server!r}")
-        if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits) < 1:
-            raise ValueError("num_envs, envs_per_worker, chunk_len and splits must be >= 1")
+        if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits, self.worker_threads) < 1:
+            raise ValueError("num_envs, envs_per_worker, chunk_len, splits and worker_threads must be >= 1")
         if self.concurrent_envs and self.splits != 1:
             raise ValueError("concurrent_envs steps every env on its own: splits must be 1")
         if self.chunks_per_worker is not None and self.chunks_per_worker < 1:

@@ -12,7 +12,8 @@ from typing import Any
 from components.collector.chunks import ChunkWriter
 from components.collector.worker import WorkerControl, run_worker
 from components.collector.env_block import EnvBlock
-from components.lifecycle import become_child, force_stop, limit_threads, on_main_thread, set_affinity, start_immune
+from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
+from components.threads import child_pools, pin_pools, report_pools
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ def _process_main(
     nice: int,
     parent_pid: int,
     from_main_thread: bool,
+    threads: int = 1,
 ) -> None:
     become_child(parent_pid, from_main_thread)
-    limit_threads()
+    pin_pools(threads)
     set_affinity(affinity)
     if nice:
         # Below the inference server: when a request arrives the server
@@ -151,9 +153,11 @@ class ProcessWorkers:
 
     backend = "process"
 
-    def __init__(self, ctx: Any, nice: int = 0) -> None:
+    def __init__(self, ctx: Any, nice: int = 0, threads: int = 1) -> None:
         self._ctx = ctx
         self._nice = nice
+        #: BLAS/OpenMP/torch threads of each worker process (see components.threads)
+        self.threads = int(threads)
         self._processes: list[Any] = []
 
     def start(self, assignments: Sequence[WorkerAssignment], factory: Callable[[], Any],
@@ -170,11 +174,12 @@ class ProcessWorkers:
         process = self._ctx.Process(
             target=_process_main,
             args=(a, factory, channels, writer, control, mode, response_keys, cpus, self._nice,
-                  os.getpid(), on_main_thread()),
+                  os.getpid(), on_main_thread(), self.threads),
             name=f"env-worker-{a.worker}",
             daemon=True,
         )
-        start_immune(process)
+        with child_pools(self.threads):
+            start_immune(process)
         if a.worker < len(self._processes):
             self._processes[a.worker] = process
         else:

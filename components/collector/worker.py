@@ -24,6 +24,7 @@ beating, and the driver treats that as a hang wherever it is stuck.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 import traceback
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import numpy as np
 from components.collector.chunks import ChunkWriter
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.procname import set_name
+from components.threads import report_pools
 from components.shm import FieldSpec, SharedArena
 
 _WAIT_S = 0.05
@@ -156,6 +158,8 @@ def run_worker(
     except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
         control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
         raise
+    if multiprocessing.parent_process() is not None:  # a process worker (a thread worker has the driver's pools)
+        report_pools(f"env-worker-{worker}")
     try:
         # The first resets count as a step (one that never returns is a hang, as in step).
         control.activity[worker] = STEPPING

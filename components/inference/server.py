@@ -36,6 +36,7 @@ from components.inference.slots import SlotTransport
 from components.inference.stats import STAT_KEYS, ServerStats
 from components.inference.weights import shared_weights, state_of
 from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
+from components.threads import child_pools, pin_pools, report_pools
 from components.models import ModelSpec
 from components.procname import set_name
 from components.shm import FieldSpec, SharedArena
@@ -107,8 +108,7 @@ def _server_main(
     if placement == "process":
         become_child(parent_pid, from_main_thread)
         set_name("infer-server")  # as ps shows it
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        pin_pools(int(config.num_threads or 1))
         if config.seed is not None:
             torch.manual_seed(config.seed)
     set_affinity(affinity)  # a thread's own mask on Linux; the whole process's otherwise
@@ -128,6 +128,8 @@ def _server_main(
         loop = ServeLoop(net, transport, config, stats, weights_source=weights, on_version=on_version,
                          version=version, pulse=pulse)
         loop.poll_weights()  # weights pushed before we started act from the first request
+        if placement == "process":
+            report_pools("infer-server")
         commands = threading.Thread(target=_serve_commands, args=(conn, stats, stop), name="server-commands",
                                     daemon=True)
         commands.start()
@@ -248,7 +250,8 @@ class InferenceServer:
                 self._affinity)
         if self.placement == "process":
             self._runner = self._ctx.Process(target=_server_main, args=args, name="inference-server", daemon=True)
-            start_immune(self._runner)
+            with child_pools(int(self.config.num_threads or 1)):
+                start_immune(self._runner)
             self._child_conn.close()
             # From here on the liveness pipe closes exactly when the server process exits.
             self.transport.release_liveness_handle()

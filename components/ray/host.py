@@ -67,8 +67,12 @@ class EnvHost:
         import torch
 
         from components.collector.collector import AsyncBatchedCollector
+        from components.threads import pin_pools, report_pools
 
-        torch.set_num_threads(1)
+        # One host per CPU, each stepping its envs and running its policy copy in turn: one thread each.
+        # Ray starts the actor's process with OMP_NUM_THREADS=num_cpus (which OpenBLAS also reads);
+        # threadpoolctl re-sizes whatever loaded with another size.
+        pin_pools(1)
         self.spec = spec
         self.collector = AsyncBatchedCollector(
             env_factory, model_spec, spec.graph(), frames_per_batch=spec.chunk_frames, total_frames=-1,
@@ -80,6 +84,7 @@ class EnvHost:
         self.set_weights(weights, version)
         self.collector.start()
         self._seq = 0
+        report_pools("ray-host")
 
     def where(self) -> dict[str, Any]:
         """Which node and process this host runs in (for the plan, metric keys and error lines)."""

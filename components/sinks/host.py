@@ -94,8 +94,10 @@ def _kill(process: Any) -> None:
 
 def _host_main(rows: Any, conn: Any, specs: Sequence[SinkSpec], parent_pid: int, from_main_thread: bool) -> None:
     from components.lifecycle import become_child
+    from components.threads import pin_pools, report_pools
 
     become_child(parent_pid, from_main_thread)
+    pin_pools(1)  # writes files: a pool per CPU would only compete with the workers
     conn.send(("ready",))  # the queue's semaphores are open here: the driver may unlink their names
     sinks: dict[str, Any] = {}
     for name, target, args, kwargs in specs:
@@ -113,6 +115,7 @@ def _host_main(rows: Any, conn: Any, specs: Sequence[SinkSpec], parent_pid: int,
                 continue
             attrs[key] = str(value)
         conn.send(("open", name, attrs))
+    report_pools("metric-sinks")
     exit_code = 1
     while True:
         try:
@@ -148,6 +151,7 @@ class SinkHost:
 
     def __init__(self, specs: Sequence[SinkSpec], queue_rows: int = QUEUE_ROWS) -> None:
         from components.lifecycle import on_main_thread, start_immune
+        from components.threads import child_pools
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=False)  # the child's messages to the driver
@@ -162,7 +166,8 @@ class SinkHost:
         self._process = ctx.Process(target=_host_main,
                                     args=(self._rows, child, list(specs), os.getpid(), on_main_thread()),
                                     name="metric-sinks", daemon=True)
-        start_immune(self._process)
+        with child_pools(1):
+            start_immune(self._process)
         child.close()
         # A host never closed (an error between its start and the run's clean-up): at exit multiprocessing
         # would SIGTERM the child, which ignores it, and then wait for it forever. Killed first instead.

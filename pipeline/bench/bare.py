@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from components.threads import child_pools
+
 #: seconds a process may take to build its envs and policy before the trial fails
 START_TIMEOUT_S = 120.0
 #: seconds the processes get, all together, to see the stop flag before they are killed
@@ -45,20 +47,20 @@ def split_rows(num_envs: int, processes: int) -> list[int]:
 def _loop(workload: dict[str, Any], rows: int, seed: int, index: int, counts: Any, stop: Any, ready: Any,
           parent_pid: int) -> None:
     """One process: step ``rows`` envs in turn, one policy call per round, count frames in ``counts[index]``."""
-    import torch
-
     from components.envs import probe_env_spec
     from components.lifecycle import become_child
+    from components.threads import pin_pools, report_pools
     from pipeline.bench.contenders import _actions, _engine, _factory
 
     become_child(parent_pid)
-    torch.set_num_threads(1)
+    pin_pools(1)  # one loop per CPU: a pool per CPU in each would spin against the others
     factory = _factory(workload)
     envs = [factory() for _ in range(rows)]
     engine = _engine(workload, probe_env_spec(factory))
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     modes = np.zeros(rows, np.int8)
     _actions(engine, obs, modes)  # the first call builds the engine's buffers
+    report_pools(f"bare-{index}")
     ready.set()
     frames = 0
     while not stop.value:
@@ -90,8 +92,9 @@ def run_bare(workload: dict[str, Any], num_envs: int, warmup: float, seconds: fl
     processes = [ctx.Process(target=_loop, args=(workload, n, sum(rows[:i]), i, counts, stop, ready[i], os.getpid()),
                              name=f"bare-{i}", daemon=True) for i, n in enumerate(rows)]
     try:
-        for process in processes:
-            process.start()
+        with child_pools(1):
+            for process in processes:
+                process.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         for event in ready:
             while not event.wait(0.2):

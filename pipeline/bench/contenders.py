@@ -33,6 +33,10 @@ from typing import Any
 import numpy as np
 
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+#: BLAS/OpenMP/torch threads of every trial process and of what it starts (gymnasium's and TorchRL's
+#: workers, the bare loops inherit them), as ``python -m pipeline`` gives its driver by default
+#: (``torch_threads``): every contender runs its policy the same way.
+TRIAL_THREADS = 1
 
 
 def _factory(workload: dict[str, Any]) -> Callable[[], Any]:
@@ -109,8 +113,14 @@ def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -
     layout, _ = choose(costs, num_envs, servers=servers)
     graph = GraphSpec(layout.workers, layout.server, num_envs=num_envs, envs_per_worker=layout.envs_per_worker,
                       chunk_len=chunk_len_for(layout.workers, layout.envs_per_worker, num_envs, frames_per_batch),
-                      splits=layout.splits, concurrent_envs=layout.concurrent)
+                      splits=layout.splits, concurrent_envs=layout.concurrent,
+                      worker_threads=_worker_threads(workload, layout.server))
     return graph, layout, costs
+
+
+def _worker_threads(workload: dict[str, Any], server: str) -> int:
+    """The plan's rule (pipeline.plan.worker_threads): a worker's pools are its policy copy's, else one."""
+    return int(workload.get("server_threads") or 1) if server == "inline" else 1
 
 
 def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
@@ -132,7 +142,8 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     nice = workload.get("nice")
     nice = 0 if nice is None else int(nice)
     return GraphSpec(workers, server, num_envs=num_envs, envs_per_worker=per_worker,
-                     chunk_len=chunk_len, splits=int(splits), worker_nice=nice, concurrent_envs=concurrent)
+                     chunk_len=chunk_len, splits=int(splits), worker_nice=nice, concurrent_envs=concurrent,
+                     worker_threads=_worker_threads(workload, server))
 
 
 def _ray_collector(workload: dict[str, Any], num_envs: int, server: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -341,9 +352,10 @@ def measure_limit(workload: dict[str, Any], num_envs: int) -> dict[str, Any]:
 
 def trial_main(spec: dict[str, Any], conn: Any) -> None:
     """Entry point of one trial process: run the contender, send back a result dict."""
-    import torch
+    from components.threads import pin_pools, report_pools
 
-    torch.set_num_threads(1)
+    pin_pools(TRIAL_THREADS)
+    report_pools("bench-trial")
     try:
         name, workload = spec["contender"], spec["workload"]
         if name == "limit":

@@ -18,7 +18,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.contenders import CPUS, trial_main
+from components.threads import child_pools
+from pipeline.bench.contenders import CPUS, TRIAL_THREADS, trial_main
 
 OURS = [
     "ours:auto",
@@ -93,7 +94,8 @@ def run_trial(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=trial_main, args=(spec, child), name=f"bench-{spec['contender']}")
-    process.start()
+    with child_pools(TRIAL_THREADS):  # before the trial loads numpy: see components.threads
+        process.start()
     child.close()
     try:
         if parent.poll(timeout):
