@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.bench.bare import run_bare
 from pipeline.bench.contenders import ours_graph
-from pipeline.bench.harness import format_report, run_bench, trial_plan
+from pipeline.bench.harness import SCALE_ENVS, apply_scale, format_report, format_sweep, run_bench, trial_plan
 from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
 
 WORKLOAD = {
@@ -58,6 +58,7 @@ def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     assert saved["summary"].keys() == report["summary"].keys()
     table = format_report(report)
     assert "x gym_sync" in table and "x bare_procs" in table and "% of limit" in table and "machine limit" in table
+    assert "frames/s (median) by env count:" in table and "| 2 | " in table  # the sweep's table
 
 
 @pytest.mark.timeout(120)
@@ -84,3 +85,39 @@ def test_bare_procs_kills_a_hung_process_and_returns():
     result = run_bare(workload, 2, warmup=0.2, seconds=0.5, cpus=2)
     assert result["frames"] == 0, "both hung before the timing began"
     assert mp.active_children() == []
+
+
+def test_scale_sweeps_ours_auto_against_both_loops_from_8_to_1024_envs():
+    cfg = apply_scale({"scale": True, "contenders": "default", "sweep_envs": [], "num_envs": 64})
+    assert cfg["sweep_envs"] == SCALE_ENVS and SCALE_ENVS[0] == 8 and SCALE_ENVS[-1] == 1024
+    assert cfg["contenders"] == cfg["sweep_contenders"] == ["ours:auto", "gym_sync", "bare_procs"]
+    plan, _ = trial_plan(cfg, cfg["contenders"])
+    assert ("ours:auto", 1024) in plan and ("bare_procs", 8) in plan and ("gym_sync", 512) in plan
+    assert apply_scale({"scale": False, "contenders": "default"}) == {"scale": False, "contenders": "default"}
+    own = apply_scale({"scale": True, "contenders": ["ours:auto"], "sweep_envs": [32, 64]})
+    assert own["sweep_envs"] == [32, 64] and own["contenders"] == ["ours:auto"]
+
+
+def test_the_sweep_table_has_a_row_per_env_count_with_ours_over_each_loop():
+    summary = {"ours:auto": {"8": {"median": 300.0, "predicted": 250.0}, "64": {"median": 900.0}},
+               "gym_sync": {"8": {"median": 100.0}, "64": {"median": 600.0}},
+               "bare_procs": {"8": {"median": 400.0}, "64": {"median": 1000.0}}}
+    lines = format_sweep({"summary": summary})
+    assert lines[1] == ("| envs | ours:auto | gym_sync | bare_procs | ours:auto predicted | ours:auto x gym_sync "
+                        "| ours:auto x bare_procs |")
+    assert lines[3] == "| 8 | 300 | 100 | 400 | 250 | 3.00 | 0.75 |"
+    assert lines[4] == "| 64 | 900 | 600 | 1,000 | - | 1.50 | 0.90 |"
+
+
+def test_the_frames_workload_moves_raw_screens_at_almost_no_step_cost():
+    from pipeline.bench.frames_env import FramesEnvFactory
+
+    env = FramesEnvFactory(episode_steps=3)()
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == (210, 160, 3) and obs.dtype.name == "uint8" and obs.nbytes == 100_800
+    again, _ = FramesEnvFactory(episode_steps=3)().reset(seed=1)
+    assert (obs == again).all()  # seeded
+    for t in range(3):
+        obs, reward, term, trunc, _ = env.step(t % 6)
+        assert env.observation_space.contains(obs) and not term
+    assert trunc  # the episode ends at episode_steps

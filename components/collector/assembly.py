@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from components.collector.batch_memory import BatchMemory
 from components.collector.chunks import ChunkPool
 
 
@@ -37,6 +38,7 @@ class BatchAssembler:
         self._pool = pool
         self._next_chunk = next_chunk
         self._carry: tuple[int, int] | None = None  # (chunk, first frame not yet delivered)
+        self.memory = BatchMemory()
 
     def next_batch(self, n: int) -> dict[str, torch.Tensor]:
         """Flat field tensors of the next ``n`` transitions, in arrival order per chunk."""
@@ -54,7 +56,7 @@ class BatchAssembler:
             filled += take
             if take < available:
                 self._carry = (gid, start + take)
-        out = {f.name: torch.empty((n, *f.shape), dtype=getattr(torch, f.dtype)) for f in pool.fields}
+        out = {f.name: self.memory.empty((n, *f.shape), getattr(torch, f.dtype)) for f in pool.fields}
         pos, i = 0, 0
         while i < len(segments):
             j = i

@@ -159,7 +159,9 @@ class EnvBlock:
         skipped = 0
         next_obs = rows["next.observation"]
         self.check_actions(actions)
-        acts = actions.tolist() if self._discrete else np.clip(actions, self._low, self._high)
+        # numpy integers, as gymnasium's vector envs pass them: Discrete.contains (which most envs assert)
+        # takes 2.1 us for a Python int (an np.iinfo each time) and 1.7 us for an np.int64.
+        acts = list(actions) if self._discrete else np.clip(actions, self._low, self._high)
         rewards = [0.0] * len(self._envs)
         terminated = [False] * len(self._envs)
         truncated = [False] * len(self._envs)

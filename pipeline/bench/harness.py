@@ -41,6 +41,26 @@ DEFAULT = ["ours:auto", "ours:process/slots/process/auto", "ours:process/none/in
 DEFAULT_TORCHRL_MAX_ENVS = 16
 
 
+#: ``scale=true``: ours:auto and the loops it must beat, from 8 to 1,024 envs
+SCALE_ENVS = [8, 16, 32, 64, 128, 256, 512, 1024]
+SCALE_CONTENDERS = ["ours:auto", "gym_sync", "bare_procs"]
+
+
+def apply_scale(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``scale=true``: the env-count sweep of ``ours:auto`` against ``gym_sync`` and ``bare_procs``.
+
+    Explicit ``sweep_envs`` or ``contenders`` lists win over the sweep's.
+    """
+    if not cfg.get("scale"):
+        return cfg
+    out = dict(cfg)
+    out["sweep_envs"] = list(cfg.get("sweep_envs") or SCALE_ENVS)
+    out["sweep_contenders"] = list(SCALE_CONTENDERS)
+    if cfg.get("contenders") == "default":
+        out["contenders"] = list(SCALE_CONTENDERS)
+    return out
+
+
 def resolve_contenders(cfg: dict[str, Any]) -> list[str]:
     """``all`` (the full matrix), ``default`` (about five minutes), or an explicit list."""
     chosen = cfg["contenders"]
@@ -163,6 +183,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
 
     from pipeline.layout import Costs, machine_limit
 
+    cfg = apply_scale(cfg)
     workload = {**cfg["workload"], "device": str(cfg.get("device", "cpu"))}
     contenders = resolve_contenders(cfg)
     notes = []
@@ -314,7 +335,7 @@ def format_report(report: dict[str, Any]) -> str:
                       f"{lim['wait_bound_fps']:,.0f})"]
     sweep = {n for by_n in summary.values() for n in by_n if n != main}
     if sweep:
-        lines += ["", "best over env counts " + ", ".join(sorted({main, *sweep}, key=int)) + ":"]
+        lines += ["", *format_sweep(report), "", "best over env counts " + ", ".join(sorted({main, *sweep}, key=int)) + ":"]
         for name, by_n in summary.items():
             ok = {n: e["median"] for n, e in by_n.items() if e.get("median")}
             if len(by_n) > 1 and ok:
@@ -322,3 +343,33 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(f"  {name:36s} {ok[best]:12,.0f} frames/s at {best} envs")
     lines += [f"note: {note}" for note in report["notes"]]
     return "\n".join(lines)
+
+
+#: the references a sweep's rows are divided by, when they ran
+SWEEP_REFERENCES = ("gym_sync", "bare_procs")
+
+
+def format_sweep(report: dict[str, Any]) -> list[str]:
+    """One row per env count: each swept contender's median, ours' predictions, and ours over the references."""
+    summary = report["summary"]
+    counts = sorted({n for by_n in summary.values() for n in by_n}, key=int)
+    swept = [name for name, by_n in summary.items() if len(by_n) > 1]
+    ours = [name for name in swept if name.startswith("ours:")]
+    refs = [name for name in SWEEP_REFERENCES if name in swept]
+    head = ["envs", *swept, *(f"{name} predicted" for name in ours),
+            *(f"{o} x {r}" for o in ours for r in refs)]
+    lines = ["frames/s (median) by env count:", "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for n in counts:
+        def median(name: str) -> float | None:
+            return summary.get(name, {}).get(n, {}).get("median")
+
+        cells = [n]
+        cells += [f"{median(name):,.0f}" if median(name) else "-" for name in swept]
+        for name in ours:
+            predicted = summary.get(name, {}).get(n, {}).get("predicted")
+            cells.append(f"{predicted:,.0f}" if predicted else "-")
+        for o in ours:
+            for r in refs:
+                cells.append(f"{median(o) / median(r):.2f}" if median(o) and median(r) else "-")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
