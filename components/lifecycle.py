@@ -188,15 +188,6 @@ def set_affinity(cpus: list[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def limit_threads() -> None:
-    """One intra-op thread per worker: many processes share few cores."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
 def force_stop(process: object, grace: float = 1.0) -> None:
     """SIGKILL a child that did not stop when asked (children ignore SIGTERM, see :func:`become_child`)."""
     if process.is_alive():  # type: ignore[attr-defined]

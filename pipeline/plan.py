@@ -107,14 +107,14 @@ def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpu
                         "one CPU left for inference")
 
 
-def worker_threads(cfg: DictConfig, server: str) -> int:
-    """Threads of each process worker's pools: its policy copy's (server=inline), else one.
+def worker_threads(server: str, server_threads: int) -> int:
+    """Threads of each process worker's pools: its policy copy's (``server.num_threads`` with server=inline), else one.
 
     A worker that only steps envs has no use for a pool, and one per CPU in
     every worker is what made 1,024 CartPole envs 4x slower than 256 (see
     :mod:`components.threads`).
     """
-    return int(cfg.server.num_threads) if server == "inline" else 1
+    return int(server_threads) if server == "inline" else 1
 
 
 def thread_budget_text(cfg: DictConfig, graph: GraphSpec) -> str:
@@ -338,7 +338,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
         concurrent_envs=concurrent,
-        worker_threads=worker_threads(cfg, server),
+        worker_threads=worker_threads(server, int(cfg.server.num_threads)),
     )
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:

@@ -295,8 +295,7 @@ class JobInfo:
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
            resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None)) -> int:
-    pin_pools(int(cfg.torch_threads))
-    report_pools("driver")
+    report_pools("driver")  # pinned in run(), before the probes
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
     model_spec, trainer = build_learner(cfg, env_spec, plan)

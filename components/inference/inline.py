@@ -21,7 +21,6 @@ workers from a shared table each worker writes its own row of.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -93,12 +92,10 @@ class InlinePolicy:
     """
 
     def __init__(self, worker: int, model_spec: Any, env_spec: Any, engine: str, weights: Any,
-                 stats: InlineStatsTable, seed: int, launch: int = 0, threads: int | None = None,
+                 stats: InlineStatsTable, seed: int, launch: int = 0,
                  numpy_recipe: dict[str, Any] | None = None, max_batch_size: int = 256) -> None:
         self.worker, self.model_spec, self.env_spec, self.engine_name = worker, model_spec, env_spec, engine
         self.weights, self.stats, self.seed, self.launch = weights, stats, seed, launch
-        #: torch threads to set where the policy is built (None: a thread worker shares the driver's setting)
-        self.threads = threads
         self.numpy_recipe = numpy_recipe
         #: most rows in one forward pass (server.max_batch_size): a larger block is evaluated in slices
         self.max_batch_size = max(1, int(max_batch_size))
@@ -136,8 +133,7 @@ class InlinePolicy:
 
         from components.inference.serving import serving_engine
 
-        if self.threads and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)  # a worker process: many of them share few cores
+        # torch's threads are the process's: a worker process's were pinned at its start (GraphSpec.worker_threads)
         torch.manual_seed(self._seed())
         self._model = self.model_spec.build(self.env_spec).eval()
         self._engine = serving_engine(self._model, self.engine_name, "cpu", "cpu", self._seed())
@@ -246,7 +242,6 @@ class InlineServer:
         if self._engine == "auto":
             self._engine = "numpy" if numpy_eligible(probe, "cpu") is None else "torch"
         self._recipe = numpy_recipe(probe) if self._engine == "numpy" else None
-        self._threads = None if ctx is threading else int(getattr(config, "num_threads", None) or 1)
         self._launches = [0] * num_workers
         self._started = self._stopped = False
         self._read_at = time.monotonic()
@@ -266,7 +261,7 @@ class InlineServer:
                                   max_batch_size=self.config.max_batch_size)
         else:
             policy = InlinePolicy(worker, self.model_spec, self.env_spec, self._engine, self._weights, self._stats,
-                                  int(self.config.seed or 0), self._launches[worker], self._threads,
+                                  int(self.config.seed or 0), self._launches[worker],
                                   max_batch_size=self.config.max_batch_size)
         self._launches[worker] += 1
         return [InlineChannel(policy, max(split_sizes), observation) for _ in split_sizes]

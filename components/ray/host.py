@@ -64,7 +64,7 @@ class EnvHost:
 
     def __init__(self, spec: HostSpec, env_factory: Any, model_spec: Any, env_spec: Any, server_config: Any,
                  weights: dict[str, np.ndarray], version: int) -> None:
-        import torch
+        import torch  # noqa: F401 - loaded before pin_pools, so its intra-op pool is sized there
 
         from components.collector.collector import AsyncBatchedCollector
         from components.threads import pin_pools, report_pools

@@ -104,6 +104,7 @@ def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -
     from components.collector.graph import GraphSpec
     from components.envs import probe_env_spec
     from pipeline.layout import choose, measure
+    from pipeline.plan import worker_threads
 
     factory = _factory(workload)
     spec = probe_env_spec(factory)
@@ -114,13 +115,8 @@ def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -
     graph = GraphSpec(layout.workers, layout.server, num_envs=num_envs, envs_per_worker=layout.envs_per_worker,
                       chunk_len=chunk_len_for(layout.workers, layout.envs_per_worker, num_envs, frames_per_batch),
                       splits=layout.splits, concurrent_envs=layout.concurrent,
-                      worker_threads=_worker_threads(workload, layout.server))
+                      worker_threads=worker_threads(layout.server, int(workload.get("server_threads") or 1)))
     return graph, layout, costs
-
-
-def _worker_threads(workload: dict[str, Any], server: str) -> int:
-    """The plan's rule (pipeline.plan.worker_threads): a worker's pools are its policy copy's, else one."""
-    return int(workload.get("server_threads") or 1) if server == "inline" else 1
 
 
 def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_batch: int) -> Any:
@@ -130,7 +126,7 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     the driver relay of earlier versions lost to it in every layout measured).
     """
     from components.collector.graph import GraphSpec
-    from pipeline.plan import auto_envs_per_worker
+    from pipeline.plan import auto_envs_per_worker, worker_threads
 
     (workers, transport, server, chunking), workload = parse_ours(name, workload)
     if transport not in ("slots", "none"):
@@ -143,7 +139,7 @@ def ours_graph(name: str, workload: dict[str, Any], num_envs: int, frames_per_ba
     nice = 0 if nice is None else int(nice)
     return GraphSpec(workers, server, num_envs=num_envs, envs_per_worker=per_worker,
                      chunk_len=chunk_len, splits=int(splits), worker_nice=nice, concurrent_envs=concurrent,
-                     worker_threads=_worker_threads(workload, server))
+                     worker_threads=worker_threads(server, int(workload.get("server_threads") or 1)))
 
 
 def _ray_collector(workload: dict[str, Any], num_envs: int, server: Any) -> tuple[Any, Any, dict[str, Any]]:
