@@ -221,3 +221,56 @@ class StallingPolicy(torch.nn.Module):
 def make_stalling_policy(spec, answer: int = 20) -> StallingPolicy:  # noqa: ANN001
     return StallingPolicy(answer)
 
+
+
+class CountingEnvFactory:
+    """Envs whose observation says where they are: ``[episode, step in episode, env seed, poisoned]``.
+
+    Episode ``k`` lasts ``2 + k % 5`` steps (ends at every chunk offset),
+    terminating on even episodes and truncating on odd ones, so each
+    transition's observation and successor can be checked exactly. With
+    ``nan_every``, every ``nan_every``-th step of an env returns a NaN
+    observation (``trainer.nan_policy=skip`` must cut it out). ``shape``
+    pads the observation to that many values (the four first still say
+    where the env is), for frames big enough to take the copy paths.
+    """
+
+    def __init__(self, nan_every: int = 0, size: int = 4) -> None:
+        self.nan_every, self.size = int(nan_every), max(4, int(size))
+
+    def __call__(self):  # noqa: ANN204
+        import gymnasium as gym
+
+        nan_every, size = self.nan_every, self.size
+
+        class Counting(gym.Env):
+            observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def __init__(self) -> None:
+                self.episode, self.t, self.seed_, self.steps = -1, 0, -1.0, 0
+
+            def _obs(self, poisoned: bool = False) -> np.ndarray:
+                out = np.zeros(size, np.float32)
+                out[:4] = (self.episode, self.t, self.seed_, float(poisoned))
+                if poisoned:
+                    out[3] = np.nan
+                return out
+
+            def reset(self, *, seed=None, options=None):  # noqa: ANN001, ANN202
+                if seed is not None:
+                    self.seed_ = float(seed)
+                self.episode += 1
+                self.t = 0
+                return self._obs(), {}
+
+            def step(self, action):  # noqa: ANN001, ANN202
+                self.t += 1
+                self.steps += 1
+                length = 2 + self.episode % 5
+                ended = self.t >= length
+                poisoned = bool(nan_every) and self.steps % nan_every == 0
+                return (self._obs(poisoned), 1.0, ended and self.episode % 2 == 0,
+                        ended and self.episode % 2 == 1, {})
+
+        return Counting()

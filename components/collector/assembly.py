@@ -67,8 +67,7 @@ class BatchAssembler:
                 i = j
                 continue
             gid, start, take = segments[i]
-            for key, view in pool.flat(gid).items():
-                out[key][pos : pos + take] = view[start : start + take]
+            pool.copy_into(gid, start, take, out, pos)
             pos += take
             i += 1
         for gid, _, _ in segments:

@@ -166,7 +166,8 @@ class AsyncBatchedCollector(BatchStream):
         self._pool = ChunkPool(
             transition_fields(self.env_spec.observation_field(), self.layout.response),
             rows=rows, chunk_len=g.chunk_len, chunks_per_worker=g.chunks_per_worker_for(self.frames_per_batch),
-            ctx=worker_ctx,
+            # one copy per frame (see ChunkPool); concurrent envs fill rows in the order they return, not by step
+            ctx=worker_ctx, stream=None if g.concurrent_envs else "observation",
         )
         self._assembler = BatchAssembler(self._pool, self._next_chunk)
         self._control = WorkerControl(len(rows))

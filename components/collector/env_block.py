@@ -136,6 +136,7 @@ class EnvBlock:
         rows: Mapping[str, np.ndarray],
         obs_out: np.ndarray,
         truncate: bool = False,
+        acted: np.ndarray | None = None,
     ) -> int:
         """Step every env once; returns how many envs' steps were cut out as non-finite.
 
@@ -155,9 +156,21 @@ class EnvBlock:
         zero-reward truncation back to the observation acted on (so nothing
         non-finite reaches a learner, and a bootstrap from it is neutral),
         and the env is reset.
+
+        ``acted`` (the observations acted on, somewhere else than
+        ``obs_out``) turns on *sparse finals*, the chunk's one-copy path: each
+        env's observation is written once, into ``obs_out``, and
+        ``rows["next.observation"]`` only where an episode ended (the final
+        observation, which a reset replaces in ``obs_out``). Everywhere else
+        the successor is ``obs_out`` itself, so a reader that knows the
+        layout (:class:`~components.collector.chunks.ChunkPool` with an
+        observation stream) derives it without a second copy of every frame.
         """
         skipped = 0
         next_obs = rows["next.observation"]
+        sparse = acted is not None
+        # where each env's new observation is written first: once, wherever it is read from next
+        fresh = obs_out if sparse else next_obs
         self.check_actions(actions)
         # numpy integers, as gymnasium's vector envs pass them: Discrete.contains (which most envs assert)
         # takes 2.1 us for a Python int (an np.iinfo each time) and 1.7 us for an np.int64.
@@ -178,7 +191,7 @@ class EnvBlock:
                     or type(reward) not in fast_rewards or type(term) not in fast_flags
                     or type(trunc) not in fast_flags):
                 obs, reward, term, trunc = self._check_step(i, obs, reward, term, trunc)
-            next_obs[i] = obs
+            fresh[i] = obs
             rewards[i] = reward
             trunc = trunc or (truncate and not term)
             if term or trunc:
@@ -187,11 +200,11 @@ class EnvBlock:
                 ended.append(i)
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
-        if not np.isfinite(reward_arr).all() or (self._float_obs and not np.isfinite(next_obs).all()):
+        if not np.isfinite(reward_arr).all() or (self._float_obs and not np.isfinite(fresh).all()):
             if not self.skip_non_finite:
-                self._non_finite(reward_arr, next_obs)
-            for i in self._non_finite_envs(reward_arr, next_obs):
-                next_obs[i] = obs_out[i]  # still the observation acted on
+                self._non_finite(reward_arr, fresh)
+            for i in self._non_finite_envs(reward_arr, fresh):
+                fresh[i] = acted[i] if sparse else obs_out[i]  # the observation acted on
                 reward_arr[i] = 0.0
                 terminated[i], truncated[i] = False, True
                 if i not in ended:
@@ -206,7 +219,11 @@ class EnvBlock:
         self.env_step += 1
         rows["next.episode_return"][:] = self._episode_return
         rows["next.episode_length"][:] = self._episode_length
-        obs_out[:] = next_obs
+        if sparse:
+            for i in ended:
+                next_obs[i] = obs_out[i]  # the final observation, before the reset replaces it
+        else:
+            obs_out[:] = next_obs
         for i in ended:
             obs, _ = self._envs[i].reset()
             if ((type(obs) is not ndarray or obs.shape != shape or (obs.dtype is not dtype and obs.dtype is not cast))

@@ -57,7 +57,7 @@ class ActionChannel(Protocol):
 
     request: dict[str, np.ndarray]
 
-    def submit(self, rows: int | None = None, mode: int | None = None) -> None: ...
+    def submit(self, rows: int | None = None, mode: int | None = None) -> None: ...  # acts on ``request``
 
     def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]: ...
 
@@ -233,7 +233,14 @@ def _loop(
         progress[worker] = monotonic()
         beats[worker] += 1
 
+    # With an observation stream (see ChunkPool) each frame is written once, into the chunk row after the
+    # step's: that row is what the next step acted on, and an inline policy reads it where it lies.
+    streamed = chunks.stream == "observation"
+    direct = [bool(getattr(channel, "acts_anywhere", False)) for channel in channels]
+    last = chunks.chunk_len - 1
     spans, obs, first = [], [], 0
+    #: per block: whether ``obs[i]`` already is row ``t`` of the current chunk (else it is copied there)
+    placed = [False] * len(blocks)
     for block, channel in zip(blocks, channels):
         n = len(block)
         spans.append(slice(first, first + n))
@@ -277,18 +284,31 @@ def _loop(
             activity[worker] = STEPPING
             heartbeat[worker] = progress[worker] = monotonic()  # this block's step began: the step watchdog's clock
             timing[1] += waited - started
-            chunk["observation"][t, span] = obs[i]
+            acted = chunk["observation"][t, span]
+            if not placed[i]:
+                acted[:] = obs[i]
             chunk["env_index"][t, span] = block.env_ids
             chunk["env_step"][t, span] = block.env_step
             block.check_actions(response["action"][:n])  # before the chunk copy: a wrong shape named, not numpy's
             for key in response_keys:
                 chunk[key][t, span] = response[key][:n]
             row = {key: chunk[key][t, span] for key in NEXT_KEYS}
-            skipped = block.step(response["action"][:n], row, obs[i], truncate)
+            if streamed:
+                fresh = chunk["observation"][t + 1, span]
+                skipped = block.step(response["action"][:n], row, fresh, truncate, acted=acted)
+                obs[i], placed[i] = fresh, t < last
+            else:
+                skipped = block.step(response["action"][:n], row, obs[i], truncate)
             if skipped:
                 timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
             activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
-            channel.submit(n, mode)
+            if not streamed:
+                channel.submit(n, mode)
+            elif direct[i]:
+                channel.submit(n, mode, obs[i])
+            else:
+                channel.request["observation"][:n] = obs[i]
+                channel.submit(n, mode)
             timing[0] += clock() - waited
             timing[4] += n
             timing[5] += n
@@ -298,6 +318,9 @@ def _loop(
         if t == chunks.chunk_len:
             chunks.commit()
             chunk = None
+            # obs (row chunk_len of the committed chunk) is copied into the next one's first row; this
+            # worker alone writes its chunks, and cycles through them in order, so nothing overwrites it first
+            placed = [False] * len(blocks)
 
 
 def transition_fields(observation: FieldSpec, response: tuple[FieldSpec, ...]) -> list[FieldSpec]:

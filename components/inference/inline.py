@@ -202,9 +202,13 @@ class InlineChannel:
         self.__dict__.update(state)
         self._bind()
 
-    def submit(self, rows: int | None = None, mode: int | None = None) -> None:
+    #: ``submit`` takes the observations wherever they are (a chunk row): no copy into ``request`` first
+    acts_anywhere = True
+
+    def submit(self, rows: int | None = None, mode: int | None = None, observation: np.ndarray | None = None) -> None:
         n = self.rows if rows is None else int(rows)
-        self._response = self.policy.act(self.request[self.observation.name], n, 0 if mode is None else int(mode))
+        where = self.request[self.observation.name] if observation is None else observation
+        self._response = self.policy.act(where, n, 0 if mode is None else int(mode))
 
     def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         if self._response is None:
