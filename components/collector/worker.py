@@ -251,6 +251,9 @@ def _loop(
         timing[5] += n
     held: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
     chunk: dict[str, np.ndarray] | None = None
+    cols: list[dict[str, np.ndarray]] = []
+    row_keys = ("observation", *response_keys, *NEXT_KEYS)
+    steps_down = np.arange(chunks.chunk_len, dtype=np.int64)[:, None]
     epoch = int(reset_epoch[0])
     t = 0
     while not stop[0]:
@@ -268,6 +271,12 @@ def _loop(
             if chunk is None:
                 continue  # re-check stop and pause
             t = 0
+            # Per block, each field's column of this chunk (indexed by step below), and what is known for the
+            # whole chunk at once: which envs fill it and their step counts (each step adds one to every env's).
+            cols = [{key: chunk[key][:, span] for key in row_keys} for span in spans]
+            for block, span in zip(blocks, spans):
+                chunk["env_index"][:, span] = block.env_ids
+                np.add(block.env_step, steps_down, out=chunk["env_step"][:, span])
         truncate = epoch != reset_epoch[0]  # reset_at_each_iter: a new batch began
         if truncate:
             epoch = int(reset_epoch[0])
@@ -284,21 +293,20 @@ def _loop(
             activity[worker] = STEPPING
             heartbeat[worker] = progress[worker] = monotonic()  # this block's step began: the step watchdog's clock
             timing[1] += waited - started
-            acted = chunk["observation"][t, span]
+            col = cols[i]
+            acted = col["observation"][t]
             if not placed[i]:
                 acted[:] = obs[i]
-            chunk["env_index"][t, span] = block.env_ids
-            chunk["env_step"][t, span] = block.env_step
             block.check_actions(response["action"][:n])  # before the chunk copy: a wrong shape named, not numpy's
             for key in response_keys:
-                chunk[key][t, span] = response[key][:n]
-            row = {key: chunk[key][t, span] for key in NEXT_KEYS}
+                col[key][t] = response[key][:n]
+            row = {key: col[key][t] for key in NEXT_KEYS}
             if streamed:
-                fresh = chunk["observation"][t + 1, span]
-                skipped = block.step(response["action"][:n], row, fresh, truncate, acted=acted)
+                fresh = col["observation"][t + 1]
+                skipped = block.step(response["action"][:n], row, fresh, truncate, acted=acted, actions_checked=True)
                 obs[i], placed[i] = fresh, t < last
             else:
-                skipped = block.step(response["action"][:n], row, obs[i], truncate)
+                skipped = block.step(response["action"][:n], row, obs[i], truncate, actions_checked=True)
             if skipped:
                 timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
             activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
