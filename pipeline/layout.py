@@ -27,12 +27,9 @@ trainer): its job is to rank layouts, not to forecast to the percent.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 #: Batch sizes the policy is timed at (per-sample cost is interpolated in log(batch) between them).
 BATCHES = (1, 4, 16, 64, 256)
@@ -66,11 +63,26 @@ class Costs:
     #: the trainer's CPU seconds per collected frame, on the driver's interpreter (0: collection only,
     #: as the benchmark measures it; see :func:`time_training`)
     trainer_s: float = 0.0
+    #: bytes of one observation, of one whole transition as stored, and what moving a byte through memory
+    #: costs (a copy too big for the caches): what big frames add per frame (see :func:`predict`)
+    obs_bytes: int = 0
+    frame_bytes: int = 0
+    copy_s_per_byte: float = 0.0
 
     @property
     def env_wait_s(self) -> float:
         """The part of an env step spent waiting (not on this CPU)."""
         return max(0.0, self.env_wall_s - self.env_cpu_s)
+
+    @property
+    def assembly_s(self) -> float:
+        """The driver's CPU per frame to copy a transition out of its chunk into a batch."""
+        return self.frame_bytes * self.copy_s_per_byte
+
+    @property
+    def slot_copy_s(self) -> float:
+        """A worker's CPU per frame to copy an observation into a central server's request slot."""
+        return self.obs_bytes * self.copy_s_per_byte
 
     def infer_at(self, batch: float) -> float:
         """Per-sample policy cost at ``batch`` rows (log-interpolated; flat beyond the ends)."""
@@ -89,14 +101,16 @@ class Costs:
         return cls(d["env_wall_us"] / 1e6, d["env_cpu_us"] / 1e6,
                    {int(b): t / 1e6 for b, t in d["infer_us_per_sample"].items()}, d["loop_step_us"] / 1e6,
                    d["loop_env_us"] / 1e6, d["hop_us"] / 1e6, d.get("engine", "numpy"), int(d.get("cpus", 1)),
-                   d.get("trainer_us", 0.0) / 1e6)
+                   d.get("trainer_us", 0.0) / 1e6, int(d.get("obs_bytes", 0)), int(d.get("frame_bytes", 0)),
+                   d.get("copy_ns_per_kb", 0.0) / 1e12)
 
     def as_dict(self) -> dict[str, Any]:
         return {"env_wall_us": self.env_wall_s * 1e6, "env_cpu_us": self.env_cpu_s * 1e6,
                 "infer_us_per_sample": {b: t * 1e6 for b, t in self.infer_s.items()},
                 "loop_step_us": self.loop_step_s * 1e6, "loop_env_us": self.loop_env_s * 1e6,
                 "hop_us": self.hop_s * 1e6, "engine": self.engine, "cpus": self.cpus,
-                "trainer_us": self.trainer_s * 1e6}
+                "trainer_us": self.trainer_s * 1e6, "obs_bytes": self.obs_bytes, "frame_bytes": self.frame_bytes,
+                "copy_ns_per_kb": self.copy_s_per_byte * 1e12}
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,12 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     takes its share of the CPUs, and shares the interpreter with whatever
     runs in the driver (measured on CartPole PPO: a PPO update took 1.6x
     longer with a thread worker beside it than with a process worker).
+
+    Bytes count too: a frame is written once by its worker (part of the
+    loop probe, which streams through chunk-sized memory), copied once more
+    into a central server's request slot, and once by the driver into a
+    batch, each at the probed cost of a copy out of the caches. On raw
+    210x160x3 frames those copies are a third of a frame's CPU.
     """
     c = costs
     if layout.concurrent:
@@ -172,14 +192,16 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
         batch = min(num_envs, 256, block * max(1.0, n_workers * layout.splits / 2))
         server_cpu_per_frame = c.infer_at(batch) + 2 * c.hop_s / block  # gather/scatter and the wake-ups
         hops_per_block = 2.0
-        worker_cpu = env_cpu + loop + hops_per_block * c.hop_s
+        worker_cpu = env_cpu + loop + hops_per_block * c.hop_s + block * c.slot_copy_s
         # With splits, one block steps while the other's answer is computed: the wait overlaps.
         answer = 2 * c.hop_s + block * c.infer_at(batch)
         worker_wall = env_wall + loop + (answer if layout.splits == 1 else max(0.0, answer - env_wall - loop))
     frames_per_round = block
     per_worker = frames_per_round / worker_wall
     bounds = {"workers": n_workers * per_worker}
-    cpu_per_frame = worker_cpu / frames_per_round + server_cpu_per_frame
+    # The driver copies every transition out of its chunk into a batch: CPU the workers do not get (a
+    # 200 KB transition of raw frames took ~0.2 of a core at 10,000 frames/s).
+    cpu_per_frame = worker_cpu / frames_per_round + server_cpu_per_frame + c.assembly_s
     if layout.workers == "process" and c.env_wait_s > 0 and n_workers > c.cpus:
         # A process that waits is woken again: a context switch, and its interpreter's caches refilled after
         # the other processes ran (measured on the waiting env: 64 one-env processes spent ~46 us per frame
@@ -242,7 +264,7 @@ def _predict_concurrent(layout: Layout, costs: Costs, num_envs: int) -> Layout:
             bounds = {"workers": wall_bound, "gil": 1.0 / (cpu_per_frame + c.trainer_s)}
         else:
             bounds = {"workers": wall_bound, "gil": CONCURRENT_GIL_BUSY * n_workers / cpu_per_frame,
-                      "cpu": c.cpus / (cpu_per_frame + c.trainer_s)}
+                      "cpu": c.cpus / (cpu_per_frame + c.assembly_s + c.trainer_s)}
         if c.trainer_s > 0:
             bounds["trainer"] = 1.0 / c.trainer_s
         if layout.server != "inline":
@@ -320,294 +342,3 @@ def choose(costs: Costs, num_envs: int, workers: str | None = None,
         return count + (l.server == "process")
 
     return min(close, key=lambda l: (processes(l), -l.predicted_fps)), ranked
-
-
-# ---------------------------------------------------------------------------------------------- probes
-def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
-    """Mean wall and thread-CPU seconds of one env step, over about ``budget_s`` (resets excluded)."""
-    env = factory()
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        actions = [env.action_space.sample() for _ in range(64)]
-        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
-        for action in actions[:4]:  # warm-up: first steps allocate
-            _, _, term, trunc, _ = env.step(action)
-            if term or trunc:
-                env.reset()
-        wall = cpu = 0.0
-        steps = 0
-        deadline = time.perf_counter() + budget_s
-        while (time.perf_counter() < deadline and steps < ENV_PROBE_STEPS) or steps < 8:
-            w0, c0 = time.perf_counter(), time.thread_time()
-            _, _, term, trunc, _ = env.step(actions[steps % len(actions)])
-            wall += time.perf_counter() - w0
-            cpu += time.thread_time() - c0
-            steps += 1
-            if term or trunc:
-                env.reset()
-    finally:
-        env.close()
-    # thread_time ticks coarsely on some kernels; never report more CPU than wall
-    return wall / steps, min(cpu / steps, wall / steps)
-
-
-def _time_policy(engine: Any, obs_shape: tuple[int, ...], obs_dtype: str, budget_s: float) -> dict[int, float]:
-    out = {}
-    for b in BATCHES:
-        obs = np.zeros((b, *obs_shape), obs_dtype)
-        modes = np.zeros(b, np.int8)
-        engine.act({"observation": obs}, modes)
-        reps, start = 0, time.perf_counter()
-        while (time.perf_counter() - start < budget_s / len(BATCHES) and reps < 2000) or reps < 3:
-            engine.act({"observation": obs}, modes)
-            reps += 1
-        out[b] = (time.perf_counter() - start) / reps / b
-    return out
-
-
-class _NullEnv:
-    """Steps in no time: what remains of a block's step is the worker loop's own cost."""
-
-    def __init__(self, obs: np.ndarray, action_space: Any, observation_space: Any) -> None:
-        self._obs, self.action_space, self.observation_space = obs, action_space, observation_space
-
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
-        return self._obs, {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        return self._obs, 0.0, False, False, {}
-
-    def close(self) -> None:
-        pass
-
-
-def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
-    """(per-step, per-env) cost of stepping a block and writing its transition, without env time."""
-    import gymnasium as gym
-
-    from components.collector.env_block import EnvBlock
-
-    obs = np.zeros(env_spec.obs_shape, env_spec.obs_dtype)
-    if env_spec.action_kind == "discrete":
-        space: Any = gym.spaces.Discrete(max(1, env_spec.action_n))
-        make_actions = lambda n: np.zeros(n, np.int64)  # noqa: E731
-    else:
-        space = gym.spaces.Box(np.asarray(env_spec.action_low, np.float32), np.asarray(env_spec.action_high,
-                               np.float32), dtype=np.float32)
-        make_actions = lambda n: np.zeros((n, *env_spec.action_shape), np.float32)  # noqa: E731
-    obs_space = gym.spaces.Box(-np.inf, np.inf, env_spec.obs_shape, np.float32) \
-        if env_spec.obs_dtype.startswith("float") else gym.spaces.Box(0, 255, env_spec.obs_shape, np.uint8)
-    per = {}
-    for n in (1, 16):
-        block = EnvBlock(lambda: _NullEnv(obs, space, obs_space), list(range(n)), list(range(n)))
-        rows = block.empty_rows()
-        out = np.zeros((n, *env_spec.obs_shape), env_spec.obs_dtype)
-        chunk = {k: np.zeros((2, *v.shape), v.dtype) for k, v in rows.items()}
-        actions = make_actions(n)
-        block.reset(out)
-        reps, start = 0, time.perf_counter()
-        while (time.perf_counter() - start < budget_s / 2 and reps < 5000) or reps < 20:
-            block.step(actions, rows, out)
-            for key, value in rows.items():  # the chunk row copy the worker loop does
-                chunk[key][reps % 2] = value
-            reps += 1
-        per[n] = (time.perf_counter() - start) / reps
-        block.close()
-    per_env = max(0.0, (per[16] - per[1]) / 15)
-    return max(0.0, per[1] - per_env), per_env
-
-
-_ECHO = "import os,sys\nr,w=int(sys.argv[1]),int(sys.argv[2])\nwhile True:\n b=os.read(r,1)\n if not b: break\n os.write(w,b)\n"
-
-
-def _time_hop(rounds: int = 400) -> float:
-    """One cross-process wake-up: half a ping-pong round trip with a bare interpreter (``-I -S``, ~20 ms to start).
-
-    Over pipes rather than the slot transport's semaphores: both wake a
-    sleeping process through the kernel, and a bare child needs none of
-    this package's imports (a spawned one would import numpy and the
-    runner first).
-    """
-    import os
-    import subprocess
-    import sys
-
-    down_r, down_w = os.pipe()
-    up_r, up_w = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _ECHO, str(down_r), str(up_w)],
-                             pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
-    os.close(down_r)
-    os.close(up_w)
-    import select
-
-    def round_trip(timeout: float) -> None:
-        os.write(down_w, b"x")
-        if not select.select([up_r], [], [], timeout)[0] or not os.read(up_r, 1):
-            raise TimeoutError("the wake-up probe's child did not answer")
-
-    try:
-        for _ in range(20):  # warm-up (and the child's start)
-            round_trip(10.0)
-        start = time.perf_counter()
-        for _ in range(rounds):
-            round_trip(1.0)
-        return (time.perf_counter() - start) / rounds / 2
-    finally:
-        os.close(down_w)
-        os.close(up_r)
-        try:
-            child.wait(5)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(1)
-
-
-#: Seconds the env probe may take before the run goes on without it (an env that hangs must not
-#: hang the run before its workers and their watchdogs exist).
-ENV_PROBE_TIMEOUT_S = 10.0
-#: Env steps the probe takes at most (it steps the user's env: keep it short).
-ENV_PROBE_STEPS = 1000
-
-
-class ProbeError(RuntimeError):
-    """The env could not be timed (it raised, or did not return)."""
-
-
-def _time_env_bounded(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
-    """:func:`_time_env` in a daemon thread, given up after :data:`ENV_PROBE_TIMEOUT_S`."""
-    import threading
-
-    result: list[Any] = []
-
-    def run() -> None:
-        try:
-            result.append(_time_env(factory, budget_s))
-        except BaseException as err:  # noqa: BLE001 - reported below
-            result.append(err)
-
-    thread = threading.Thread(target=run, name="layout-env-probe", daemon=True)
-    thread.start()
-    thread.join(ENV_PROBE_TIMEOUT_S)
-    if not result:
-        raise ProbeError(f"an env step did not return within {ENV_PROBE_TIMEOUT_S:g} s")
-    if isinstance(result[0], BaseException):
-        raise ProbeError(f"the env raised {type(result[0]).__name__}: {result[0]}") from result[0]
-    return result[0]
-
-
-def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, budget_s: float = 0.4,
-            hop_s: float | None = None) -> Costs:
-    """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
-    wall, cpu = _time_env_bounded(factory, budget_s * 0.4)
-    infer = _time_policy(engine, tuple(env_spec.obs_shape), str(env_spec.obs_dtype), budget_s * 0.3)
-    loop_step, loop_env = _time_loop(env_spec, budget_s * 0.3)
-    if hop_s is None:
-        try:
-            hop_s = _time_hop()
-        except (OSError, TimeoutError):
-            hop_s = DEFAULT_HOP_S  # no child process here (a sandbox): a typical figure
-    hop = hop_s
-    return Costs(wall, cpu, infer, loop_step, loop_env, hop, getattr(engine, "name", "torch"), cpus)
-
-
-def trainer_load(trainer: Any) -> tuple[int, float]:
-    """(rows per gradient step, gradient steps per collected frame) of a trainer config.
-
-    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; DQN
-    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch. A
-    trainer with neither is not counted (0 steps).
-    """
-    frames = max(1, int(trainer.frames_per_batch))
-    if "epochs" in trainer:
-        minibatches = max(1, int(trainer.minibatches))
-        return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
-    if "updates_per_batch" in trainer:
-        return max(1, int(trainer.batch_size)), int(trainer.updates_per_batch) / frames
-    return 1, 0.0
-
-
-#: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
-TRAINER_PROBE_S = 0.25
-
-
-def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINER_PROBE_S) -> float:
-    """Seconds of one optimiser step (forward, backward, clipping, Adam) on ``rows`` rows of this model.
-
-    A stand-in for the trainer's step (its loss is a few more element-wise
-    operations), on a copy of the model so the run's initial weights are
-    untouched. Steps of 8 and 32 rows give a fixed and a per-row cost; a
-    full step that would not fit the budget (a Nature CNN on the CPU) is
-    extrapolated from them, otherwise it is timed. Each size keeps its
-    fastest reading: a step slowed by a busy moment must not change the
-    layout (scaling one slow 8-row step up 32x once made a CartPole
-    trainer look 30x dearer than it is).
-    """
-    import copy
-
-    import torch
-
-    model = copy.deepcopy(model).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step(n: int) -> float:
-        obs = torch.zeros((n, *env_spec.obs_shape), dtype=getattr(torch, str(env_spec.obs_dtype)))
-        started = time.perf_counter()
-        out = model(obs)
-        loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        return time.perf_counter() - started
-
-    small, mid = min(rows, 8), min(rows, 32)
-    step(small)  # warm-up: first calls allocate (and import what the optimiser needs)
-    t_small = min(step(small) for _ in range(3))
-    if mid == small:
-        return t_small
-    t_mid = min(step(mid) for _ in range(3))
-    # Noise can make the two sizes read alike: never call more than 3/4 of the 32-row step fixed.
-    per_row = max((t_mid - t_small) / (mid - small), t_mid / mid / 4)
-    estimate = t_mid + per_row * (rows - mid)
-    if rows == mid or estimate > budget_s / 4:
-        return estimate
-    timings = [step(rows)]
-    while sum(timings) < budget_s / 2 and len(timings) < 20:
-        timings.append(step(rows))
-    return min(timings)
-
-
-def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
-                     engine: str, trainer_device: str = "cpu") -> Costs:
-    """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
-
-    With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
-    :func:`time_training`) enters the prediction: a layout that is fastest
-    for collection alone can slow the learner that shares its interpreter.
-    """
-    from dataclasses import replace
-
-    from omegaconf import OmegaConf
-
-    from components.inference.serving import serving_engine
-    from components.models import ModelSpec
-
-    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(kwargs, dict)
-    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec)
-    costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
-                    env_spec, cpus)
-    rows, steps_per_frame = trainer_load(cfg.trainer)
-    if trainer_device != "cpu" or steps_per_frame == 0:
-        return costs
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run
-    try:
-        step_s = time_training(model.cpu(), env_spec, rows)
-    finally:
-        torch.set_num_threads(threads)
-    return replace(costs, trainer_s=step_s * steps_per_frame)

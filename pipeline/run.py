@@ -108,7 +108,7 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     """
     if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
         return None
-    from pipeline.layout import probe_for_config
+    from pipeline.layout_probes import probe_for_config
     from pipeline.plan import _device, _serving_engine
 
     policy_device, _ = _device(str(cfg.device.policy_device), machine)

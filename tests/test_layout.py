@@ -6,7 +6,8 @@ import pytest
 
 from dataclasses import replace
 
-from pipeline.layout import Costs, Layout, choose, machine_limit, measure, predict, time_training, trainer_load
+from pipeline.layout import Costs, Layout, choose, machine_limit, predict
+from pipeline.layout_probes import measure, time_training, trainer_load
 from pipeline.plan import Machine, resolve_plan
 from tests.conftest import compose
 
@@ -91,6 +92,11 @@ def test_the_probe_measures_a_real_env_policy_loop_and_wake_up():
     again = Costs.from_dict(costs.as_dict())
     assert again.env_wall_s == pytest.approx(costs.env_wall_s) and again.infer_s == pytest.approx(costs.infer_s)
     assert (again.hop_s, again.cpus, again.engine) == (pytest.approx(costs.hop_s), 2, "numpy")
+    # bytes: CartPole's 4 float32s, twice per transition with the action and the small fields
+    assert costs.obs_bytes == 16 and costs.frame_bytes > 2 * 16
+    assert 1e-12 < costs.copy_s_per_byte < 1e-8, "a copy runs between 100 MB/s and 1 TB/s"
+    assert (again.obs_bytes, again.frame_bytes) == (16, costs.frame_bytes)
+    assert again.copy_s_per_byte == pytest.approx(costs.copy_s_per_byte)
 
 
 def test_the_waiting_workload_mostly_waits():
@@ -110,7 +116,7 @@ def test_the_waiting_workload_mostly_waits():
 def test_an_env_that_hangs_or_raises_in_the_probe_is_a_probe_error_not_a_hung_run(monkeypatch):
     import time
 
-    from pipeline import layout
+    from pipeline import layout_probes as layout
     from tests.fakes import FaultyEnvFactory
 
     monkeypatch.setattr(layout, "ENV_PROBE_TIMEOUT_S", 1.0)
@@ -189,3 +195,25 @@ def test_the_plan_quotes_the_policy_at_the_batch_concurrent_envs_give_it():
 
     rows = float(re.search(r"us/sample at ([\d.]+) rows?\b", plan.reason("transport")).group(1))
     assert 1 <= rows < plan.graph.envs_per_worker, "the envs that returned together, not the whole worker"
+
+
+def test_big_frames_cost_their_bytes_on_the_driver_and_in_a_servers_slots():
+    frames = replace(CHEAP, obs_bytes=100_800, frame_bytes=201_668, copy_s_per_byte=90e-12)
+    assert frames.assembly_s == pytest.approx(201_668 * 90e-12)  # ~18 us a transition
+    inline = Layout("process", "inline", 8)
+    served = Layout("process", "process", 8)
+    none, big = predict(inline, CHEAP, 16), predict(inline, frames, 16)
+    # the CPUs now also copy every transition into a batch
+    assert 2 / big.detail["cpu"] == pytest.approx(2 / none.detail["cpu"] + frames.assembly_s)
+    none_s, big_s = predict(served, CHEAP, 16), predict(served, frames, 16)
+    # a central server's workers also copy each frame into its request slot
+    assert 2 / big_s.detail["cpu"] == pytest.approx(2 / none_s.detail["cpu"] + frames.assembly_s + frames.slot_copy_s)
+
+
+def test_the_loop_probe_writes_big_frames_through_chunk_sized_memory():
+    from components.envs import EnvSpec
+    from pipeline.layout_probes import _time_loop
+
+    small = _time_loop(EnvSpec((4,), "float32", "discrete", action_n=2), 0.1)
+    big = _time_loop(EnvSpec((210, 160, 3), "uint8", "discrete", action_n=6), 0.1)
+    assert big[1] > 3 * small[1], "a 100 KB frame costs its copy on top of the per-env bookkeeping"

@@ -103,7 +103,8 @@ def auto_graph(workload: dict[str, Any], num_envs: int, frames_per_batch: int) -
     """
     from components.collector.graph import GraphSpec
     from components.envs import probe_env_spec
-    from pipeline.layout import choose, measure
+    from pipeline.layout import choose
+    from pipeline.layout_probes import measure
     from pipeline.plan import worker_threads
 
     factory = _factory(workload)
@@ -336,7 +337,7 @@ def _run_torchrl(kind: str, workload: dict[str, Any], num_envs: int, warmup: flo
 def measure_limit(workload: dict[str, Any], num_envs: int) -> dict[str, Any]:
     """The costs the limit and the layout predictions are computed from (:func:`pipeline.layout.measure`)."""
     from components.envs import probe_env_spec
-    from pipeline.layout import measure
+    from pipeline.layout_probes import measure
 
     factory = _factory(workload)
     spec = probe_env_spec(factory)

@@ -82,7 +82,8 @@ def min_costs(all_costs: list[Any]) -> Any:
     return Costs(min(c.env_wall_s for c in all_costs), min(c.env_cpu_s for c in all_costs),
                  {b: min(c.infer_s[b] for c in all_costs) for b in first.infer_s},
                  min(c.loop_step_s for c in all_costs), min(c.loop_env_s for c in all_costs),
-                 min(c.hop_s for c in all_costs), first.engine, first.cpus)
+                 min(c.hop_s for c in all_costs), first.engine, first.cpus, first.trainer_s, first.obs_bytes,
+                 first.frame_bytes, min(c.copy_s_per_byte for c in all_costs))
 
 
 def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, Any], num_envs: int,

@@ -1,0 +1,378 @@
+"""The layout model's probes: what one env step, one policy pass, the worker loop, a wake-up and a copy cost here.
+
+:func:`measure` takes a few hundred milliseconds before a run (or each
+benchmark trial) and returns the :class:`~pipeline.layout.Costs` that
+:func:`~pipeline.layout.predict` turns into frames/s. Each probe times
+short rounds and keeps their median, so one busy moment of the machine
+does not move the plan (two probes of the same workload used to predict
+77,000 and 108,000 frames/s for one layout).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pipeline.layout import BATCHES, DEFAULT_HOP_S, Costs
+
+#: Rounds each probe is split into; the median round is kept.
+ROUNDS = 5
+#: Bytes the loop probe spreads its rows over, as a worker streams through its chunks: a frame this
+#: big is written out of the caches, as in a run (a 100 KB frame copied into a chunk took ~22 us on the
+#: 2-CPU machine against ~4 us into a buffer that stays cached).
+STREAM_BYTES = 32 << 20
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
+    """Wall and thread-CPU seconds of one env step, resets included as a run pays them: the median round's."""
+    env = factory()
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        actions = [env.action_space.sample() for _ in range(64)]
+        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
+        for action in actions[:4]:  # warm-up: first steps allocate
+            _, _, term, trunc, _ = env.step(action)
+            if term or trunc:
+                env.reset()
+        walls: list[float] = []
+        cpus: list[float] = []
+        steps = 0
+        deadline = time.perf_counter() + budget_s
+        first, per_round = True, 1  # the first round sizes the others: up to 16 steps, about an eighth of the budget each
+        while (time.perf_counter() < deadline and steps < ENV_PROBE_STEPS) or len(walls) < 3:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(per_round):
+                _, _, term, trunc, _ = env.step(actions[steps % len(actions)])
+                steps += 1
+                if term or trunc:
+                    env.reset()
+            walls.append((time.perf_counter() - w0) / per_round)
+            cpus.append((time.thread_time() - c0) / per_round)
+            if first:
+                first, walls, cpus = False, [], []  # the first step after the warm-up is not a typical one
+                per_round = int(min(16, max(1, budget_s / 8 / max(1e-9, time.perf_counter() - w0))))
+    finally:
+        env.close()
+    wall = _median(walls)
+    # thread_time ticks coarsely on some kernels (one round can read 0): the CPU share over all rounds
+    return wall, wall * min(1.0, sum(cpus) / max(1e-12, sum(walls)))
+
+
+def _time_policy(engine: Any, obs_shape: tuple[int, ...], obs_dtype: str, budget_s: float) -> dict[int, float]:
+    out = {}
+    for b in BATCHES:
+        obs = np.zeros((b, *obs_shape), obs_dtype)
+        modes = np.zeros(b, np.int8)
+        engine.act({"observation": obs}, modes)
+        rounds = []
+        for _ in range(ROUNDS):
+            reps, start = 0, time.perf_counter()
+            while (time.perf_counter() - start < budget_s / len(BATCHES) / ROUNDS and reps < 400) or reps < 1:
+                engine.act({"observation": obs}, modes)
+                reps += 1
+            rounds.append((time.perf_counter() - start) / reps / b)
+        out[b] = _median(rounds)
+    return out
+
+
+class _NullEnv:
+    """Steps in no time: what remains of a block's step is the worker loop's own cost."""
+
+    def __init__(self, obs: np.ndarray, action_space: Any, observation_space: Any) -> None:
+        self._obs, self.action_space, self.observation_space = obs, action_space, observation_space
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        return self._obs, {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return self._obs, 0.0, False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
+def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
+    """(per-step, per-env) cost of stepping a block and writing its transition, without env time.
+
+    What the worker loop does per block step with an observation stream
+    (see :class:`~components.collector.chunks.ChunkPool`): the chunk row's
+    small fields, the env outputs, each observation written once into the
+    next stream row, over as many rows as a chunk spans (out of the caches
+    for big frames).
+    """
+    import gymnasium as gym
+
+    from components.collector.env_block import NEXT_KEYS, EnvBlock
+
+    obs = np.zeros(env_spec.obs_shape, env_spec.obs_dtype)
+    if env_spec.action_kind == "discrete":
+        space: Any = gym.spaces.Discrete(max(1, env_spec.action_n))
+        make_actions = lambda n: np.zeros(n, np.int64)  # noqa: E731
+    else:
+        space = gym.spaces.Box(np.asarray(env_spec.action_low, np.float32), np.asarray(env_spec.action_high,
+                               np.float32), dtype=np.float32)
+        make_actions = lambda n: np.zeros((n, *env_spec.action_shape), np.float32)  # noqa: E731
+    obs_space = gym.spaces.Box(-np.inf, np.inf, env_spec.obs_shape, np.float32) \
+        if env_spec.obs_dtype.startswith("float") else gym.spaces.Box(0, 255, env_spec.obs_shape, np.uint8)
+    per = {}
+    for n in (1, 16):
+        block = EnvBlock(lambda: _NullEnv(obs, space, obs_space), list(range(n)), list(range(n)))
+        steps = int(min(64, max(2, STREAM_BYTES // max(1, n * obs.nbytes))))
+        chunk = {k: np.zeros((steps, *v.shape), v.dtype) for k, v in block.empty_rows().items()}
+        actions = make_actions(n)
+        chunk.update(action=np.zeros((steps, *actions.shape), actions.dtype), policy_version=np.zeros((steps, n), np.int64),
+                     sample_log_prob=np.zeros((steps, n), np.float32), state_value=np.zeros((steps, n), np.float32))
+        stream = np.zeros((steps + 1, n, *env_spec.obs_shape), env_spec.obs_dtype)
+        block.reset(stream[0])
+        # the worker's own bookkeeping per block step: its clocks and the control block's counters
+        control, clock, monotonic = np.zeros(8), time.perf_counter, time.monotonic
+        rounds = []
+        t = 0
+        for _ in range(ROUNDS):
+            reps, start = 0, time.perf_counter()
+            while (time.perf_counter() - start < budget_s / 2 / ROUNDS and reps < 1000) or reps < 4:
+                began = clock()
+                control[0] = control[1] = monotonic()
+                control[2] += clock() - began
+                block.check_actions(actions)
+                chunk["action"][t] = actions
+                chunk["policy_version"][t] = 0
+                chunk["sample_log_prob"][t] = 0
+                chunk["state_value"][t] = 0
+                row = {key: chunk[key][t] for key in NEXT_KEYS}
+                block.step(actions, row, stream[t + 1], acted=stream[t], actions_checked=True)
+                control[3] += clock() - began
+                control[4] += n
+                control[5] += n
+                t = (t + 1) % steps
+                reps += 1
+            rounds.append((time.perf_counter() - start) / reps)
+        per[n] = _median(rounds)
+        block.close()
+    per_env = max(0.0, (per[16] - per[1]) / 15)
+    return max(0.0, per[1] - per_env), per_env
+
+
+def _time_copy(budget_s: float) -> float:
+    """Seconds per byte of a copy too big for the caches: what moving a frame through memory costs here."""
+    src = np.ones(STREAM_BYTES, np.uint8)
+    dst = np.empty_like(src)
+    dst[:] = src  # the first touch maps the pages
+    rounds = []
+    deadline = time.perf_counter() + budget_s
+    while time.perf_counter() < deadline or len(rounds) < 3:
+        start = time.perf_counter()
+        dst[:] = src
+        rounds.append((time.perf_counter() - start) / src.nbytes)
+        if len(rounds) >= 9:
+            break
+    return _median(rounds)
+
+
+_ECHO = "import os,sys\nr,w=int(sys.argv[1]),int(sys.argv[2])\nwhile True:\n b=os.read(r,1)\n if not b: break\n os.write(w,b)\n"
+
+
+def _time_hop(rounds: int = 400) -> float:
+    """One cross-process wake-up: half a ping-pong round trip with a bare interpreter (``-I -S``, ~20 ms to start).
+
+    Over pipes rather than the slot transport's semaphores: both wake a
+    sleeping process through the kernel, and a bare child needs none of
+    this package's imports (a spawned one would import numpy and the
+    runner first).
+    """
+    import os
+    import subprocess
+    import sys
+
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _ECHO, str(down_r), str(up_w)],
+                             pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
+    os.close(down_r)
+    os.close(up_w)
+    import select
+
+    def round_trip(timeout: float) -> None:
+        os.write(down_w, b"x")
+        if not select.select([up_r], [], [], timeout)[0] or not os.read(up_r, 1):
+            raise TimeoutError("the wake-up probe's child did not answer")
+
+    try:
+        for _ in range(20):  # warm-up (and the child's start)
+            round_trip(10.0)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            round_trip(1.0)
+        return (time.perf_counter() - start) / rounds / 2
+    finally:
+        os.close(down_w)
+        os.close(up_r)
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(1)
+
+
+#: Seconds the env probe may take before the run goes on without it (an env that hangs must not
+#: hang the run before its workers and their watchdogs exist).
+ENV_PROBE_TIMEOUT_S = 10.0
+#: Env steps the probe takes at most (it steps the user's env: keep it short).
+ENV_PROBE_STEPS = 1000
+
+
+class ProbeError(RuntimeError):
+    """The env could not be timed (it raised, or did not return)."""
+
+
+def _time_env_bounded(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
+    """:func:`_time_env` in a daemon thread, given up after :data:`ENV_PROBE_TIMEOUT_S`."""
+    import threading
+
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(_time_env(factory, budget_s))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            result.append(err)
+
+    thread = threading.Thread(target=run, name="layout-env-probe", daemon=True)
+    thread.start()
+    thread.join(ENV_PROBE_TIMEOUT_S)
+    if not result:
+        raise ProbeError(f"an env step did not return within {ENV_PROBE_TIMEOUT_S:g} s")
+    if isinstance(result[0], BaseException):
+        raise ProbeError(f"the env raised {type(result[0]).__name__}: {result[0]}") from result[0]
+    return result[0]
+
+
+def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, budget_s: float = 0.4,
+            hop_s: float | None = None) -> Costs:
+    """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
+    wall, cpu = _time_env_bounded(factory, budget_s * 0.35)
+    infer = _time_policy(engine, tuple(env_spec.obs_shape), str(env_spec.obs_dtype), budget_s * 0.3)
+    loop_step, loop_env = _time_loop(env_spec, budget_s * 0.25)
+    copy_s = _time_copy(budget_s * 0.1)
+    if hop_s is None:
+        try:
+            hop_s = _time_hop()
+        except (OSError, TimeoutError):
+            hop_s = DEFAULT_HOP_S  # no child process here (a sandbox): a typical figure
+    hop = hop_s
+    obs_bytes = int(np.prod(env_spec.obs_shape, dtype=np.int64)) * np.dtype(env_spec.obs_dtype).itemsize
+    action_bytes = int(np.prod(env_spec.action_shape, dtype=np.int64)) * np.dtype(env_spec.action_dtype).itemsize
+    # observation and successor, the action, and ~60 bytes of flags, counters, return, version, value, log-prob
+    frame_bytes = 2 * obs_bytes + action_bytes + 60
+    return Costs(wall, cpu, infer, loop_step, loop_env, hop, getattr(engine, "name", "torch"), cpus,
+                 obs_bytes=obs_bytes, frame_bytes=frame_bytes, copy_s_per_byte=copy_s)
+
+
+def trainer_load(trainer: Any) -> tuple[int, float]:
+    """(rows per gradient step, gradient steps per collected frame) of a trainer config.
+
+    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; DQN
+    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch. A
+    trainer with neither is not counted (0 steps).
+    """
+    frames = max(1, int(trainer.frames_per_batch))
+    if "epochs" in trainer:
+        minibatches = max(1, int(trainer.minibatches))
+        return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
+    if "updates_per_batch" in trainer:
+        return max(1, int(trainer.batch_size)), int(trainer.updates_per_batch) / frames
+    return 1, 0.0
+
+
+#: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
+TRAINER_PROBE_S = 0.25
+
+
+def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINER_PROBE_S) -> float:
+    """Seconds of one optimiser step (forward, backward, clipping, Adam) on ``rows`` rows of this model.
+
+    A stand-in for the trainer's step (its loss is a few more element-wise
+    operations), on a copy of the model so the run's initial weights are
+    untouched. Steps of 8 and 32 rows give a fixed and a per-row cost; a
+    full step that would not fit the budget (a Nature CNN on the CPU) is
+    extrapolated from them, otherwise it is timed. Each size keeps its
+    fastest reading: a step slowed by a busy moment must not change the
+    layout (scaling one slow 8-row step up 32x once made a CartPole
+    trainer look 30x dearer than it is).
+    """
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(n: int) -> float:
+        obs = torch.zeros((n, *env_spec.obs_shape), dtype=getattr(torch, str(env_spec.obs_dtype)))
+        started = time.perf_counter()
+        out = model(obs)
+        loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        return time.perf_counter() - started
+
+    small, mid = min(rows, 8), min(rows, 32)
+    step(small)  # warm-up: first calls allocate (and import what the optimiser needs)
+    t_small = min(step(small) for _ in range(3))
+    if mid == small:
+        return t_small
+    t_mid = min(step(mid) for _ in range(3))
+    # Noise can make the two sizes read alike: never call more than 3/4 of the 32-row step fixed.
+    per_row = max((t_mid - t_small) / (mid - small), t_mid / mid / 4)
+    estimate = t_mid + per_row * (rows - mid)
+    if rows == mid or estimate > budget_s / 4:
+        return estimate
+    timings = [step(rows)]
+    while sum(timings) < budget_s / 2 and len(timings) < 20:
+        timings.append(step(rows))
+    return min(timings)
+
+
+def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
+                     engine: str, trainer_device: str = "cpu") -> Costs:
+    """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
+
+    With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
+    :func:`time_training`) enters the prediction: a layout that is fastest
+    for collection alone can slow the learner that shares its interpreter.
+    """
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+
+    from components.inference.serving import serving_engine
+    from components.models import ModelSpec
+
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(kwargs, dict)
+    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec)
+    costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
+                    env_spec, cpus)
+    rows, steps_per_frame = trainer_load(cfg.trainer)
+    if trainer_device != "cpu" or steps_per_frame == 0:
+        return costs
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run
+    try:
+        step_s = time_training(model.cpu(), env_spec, rows)
+    finally:
+        torch.set_num_threads(threads)
+    return replace(costs, trainer_s=step_s * steps_per_frame)
