@@ -67,20 +67,24 @@ def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float
 
 
 def _time_policy(engine: Any, obs_shape: tuple[int, ...], obs_dtype: str, budget_s: float) -> dict[int, float]:
-    out = {}
-    for b in BATCHES:
-        obs = np.zeros((b, *obs_shape), obs_dtype)
-        modes = np.zeros(b, np.int8)
-        engine.act({"observation": obs}, modes)
-        rounds = []
-        for _ in range(ROUNDS):
+    """Per-sample seconds at each of :data:`BATCHES`, the sizes taken in turn within each round.
+
+    In turn, not one size after the other: a busy moment then slows one
+    round of every size, not every round of one (a trial once read 787 us a
+    sample at 1 row against ~170 in the next, and chose one worker for two).
+    """
+    inputs = {b: ({"observation": np.zeros((b, *obs_shape), obs_dtype)}, np.zeros(b, np.int8)) for b in BATCHES}
+    for obs, modes in inputs.values():
+        engine.act(obs, modes)
+    rounds: dict[int, list[float]] = {b: [] for b in BATCHES}
+    for _ in range(ROUNDS):
+        for b, (obs, modes) in inputs.items():
             reps, start = 0, time.perf_counter()
             while (time.perf_counter() - start < budget_s / len(BATCHES) / ROUNDS and reps < 400) or reps < 1:
-                engine.act({"observation": obs}, modes)
+                engine.act(obs, modes)
                 reps += 1
-            rounds.append((time.perf_counter() - start) / reps / b)
-        out[b] = _median(rounds)
-    return out
+            rounds[b].append((time.perf_counter() - start) / reps / b)
+    return {b: _median(r) for b, r in rounds.items()}
 
 
 class _NullEnv:
@@ -122,8 +126,12 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
         make_actions = lambda n: np.zeros((n, *env_spec.action_shape), np.float32)  # noqa: E731
     obs_space = gym.spaces.Box(-np.inf, np.inf, env_spec.obs_shape, np.float32) \
         if env_spec.obs_dtype.startswith("float") else gym.spaces.Box(0, 255, env_spec.obs_shape, np.uint8)
-    per = {}
-    for n in (1, 16):
+    # the worker's own bookkeeping per block step: its clocks and the control block's counters
+    control, clock, monotonic = np.zeros(8), time.perf_counter, time.monotonic
+
+    blocks: list[Any] = []
+
+    def block_step(n: int) -> Callable[[], None]:
         block = EnvBlock(lambda: _NullEnv(obs, space, obs_space), list(range(n)), list(range(n)))
         steps = int(min(64, max(2, STREAM_BYTES // max(1, n * obs.nbytes))))
         chunk = {k: np.zeros((steps, *v.shape), v.dtype) for k, v in block.empty_rows().items()}
@@ -132,31 +140,40 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
                      sample_log_prob=np.zeros((steps, n), np.float32), state_value=np.zeros((steps, n), np.float32))
         stream = np.zeros((steps + 1, n, *env_spec.obs_shape), env_spec.obs_dtype)
         block.reset(stream[0])
-        # the worker's own bookkeeping per block step: its clocks and the control block's counters
-        control, clock, monotonic = np.zeros(8), time.perf_counter, time.monotonic
-        rounds = []
-        t = 0
-        for _ in range(ROUNDS):
+        blocks.append(block)
+        where = [0]
+
+        def one() -> None:
+            t = where[0]
+            began = clock()
+            control[0] = control[1] = monotonic()
+            control[2] += clock() - began
+            block.check_actions(actions)
+            chunk["action"][t] = actions
+            chunk["policy_version"][t] = 0
+            chunk["sample_log_prob"][t] = 0
+            chunk["state_value"][t] = 0
+            row = {key: chunk[key][t] for key in NEXT_KEYS}
+            block.step(actions, row, stream[t + 1], acted=stream[t], actions_checked=True)
+            control[3] += clock() - began
+            control[4] += n
+            control[5] += n
+            where[0] = (t + 1) % steps
+
+        return one
+
+    sizes = {n: block_step(n) for n in (1, 16)}
+    rounds: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(ROUNDS):  # the two sizes in turn (see _time_policy)
+        for n, one in sizes.items():
             reps, start = 0, time.perf_counter()
             while (time.perf_counter() - start < budget_s / 2 / ROUNDS and reps < 1000) or reps < 4:
-                began = clock()
-                control[0] = control[1] = monotonic()
-                control[2] += clock() - began
-                block.check_actions(actions)
-                chunk["action"][t] = actions
-                chunk["policy_version"][t] = 0
-                chunk["sample_log_prob"][t] = 0
-                chunk["state_value"][t] = 0
-                row = {key: chunk[key][t] for key in NEXT_KEYS}
-                block.step(actions, row, stream[t + 1], acted=stream[t], actions_checked=True)
-                control[3] += clock() - began
-                control[4] += n
-                control[5] += n
-                t = (t + 1) % steps
+                one()
                 reps += 1
-            rounds.append((time.perf_counter() - start) / reps)
-        per[n] = _median(rounds)
+            rounds[n].append((time.perf_counter() - start) / reps)
+    for block in blocks:
         block.close()
+    per = {n: _median(r) for n, r in rounds.items()}
     per_env = max(0.0, (per[16] - per[1]) / 15)
     return max(0.0, per[1] - per_env), per_env
 
