@@ -68,6 +68,8 @@ class Costs:
     obs_bytes: int = 0
     frame_bytes: int = 0
     copy_s_per_byte: float = 0.0
+    #: the share of that copy rate a process keeps when every CPU copies at once (probed for big frames only)
+    copy_share: float = 1.0
 
     @property
     def env_wait_s(self) -> float:
@@ -75,14 +77,24 @@ class Costs:
         return max(0.0, self.env_wall_s - self.env_cpu_s)
 
     @property
+    def busy_copy_s_per_byte(self) -> float:
+        """A byte's copy while the workers and the driver all move frames (what a run pays)."""
+        return self.copy_s_per_byte / max(self.copy_share, 1e-3)
+
+    @property
     def assembly_s(self) -> float:
         """The driver's CPU per frame to copy a transition out of its chunk into a batch."""
-        return self.frame_bytes * self.copy_s_per_byte
+        return self.frame_bytes * self.busy_copy_s_per_byte
 
     @property
     def slot_copy_s(self) -> float:
         """A worker's CPU per frame to copy an observation into a central server's request slot."""
-        return self.obs_bytes * self.copy_s_per_byte
+        return self.obs_bytes * self.busy_copy_s_per_byte
+
+    @property
+    def loop_env_busy_s(self) -> float:
+        """The loop's per-env cost with its frame's write into the chunk slowed as :attr:`copy_share` says."""
+        return self.loop_env_s + self.obs_bytes * (self.busy_copy_s_per_byte - self.copy_s_per_byte)
 
     def infer_at(self, batch: float) -> float:
         """Per-sample policy cost at ``batch`` rows (log-interpolated; flat beyond the ends)."""
@@ -102,7 +114,7 @@ class Costs:
                    {int(b): t / 1e6 for b, t in d["infer_us_per_sample"].items()}, d["loop_step_us"] / 1e6,
                    d["loop_env_us"] / 1e6, d["hop_us"] / 1e6, d.get("engine", "numpy"), int(d.get("cpus", 1)),
                    d.get("trainer_us", 0.0) / 1e6, int(d.get("obs_bytes", 0)), int(d.get("frame_bytes", 0)),
-                   d.get("copy_ns_per_kb", 0.0) / 1e12)
+                   d.get("copy_ns_per_kb", 0.0) / 1e12, float(d.get("copy_share", 1.0)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"env_wall_us": self.env_wall_s * 1e6, "env_cpu_us": self.env_cpu_s * 1e6,
@@ -110,7 +122,7 @@ class Costs:
                 "loop_step_us": self.loop_step_s * 1e6, "loop_env_us": self.loop_env_s * 1e6,
                 "hop_us": self.hop_s * 1e6, "engine": self.engine, "cpus": self.cpus,
                 "trainer_us": self.trainer_s * 1e6, "obs_bytes": self.obs_bytes, "frame_bytes": self.frame_bytes,
-                "copy_ns_per_kb": self.copy_s_per_byte * 1e12}
+                "copy_ns_per_kb": self.copy_s_per_byte * 1e12, "copy_share": self.copy_share}
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,7 @@ def predict(layout: Layout, costs: Costs, num_envs: int) -> Layout:
         return _predict_concurrent(layout, costs, num_envs)
     n_workers = math.ceil(num_envs / layout.envs_per_worker)
     block = layout.envs_per_worker / layout.splits
-    loop = c.loop_step_s + c.loop_env_s * block
+    loop = c.loop_step_s + c.loop_env_busy_s * block
     env_cpu = block * c.env_cpu_s
     env_wall = block * c.env_wall_s
     if layout.server == "inline":
@@ -256,8 +268,8 @@ def _predict_concurrent(layout: Layout, costs: Costs, num_envs: int) -> Layout:
     batch, rate = 1.0, 0.0
     bounds: dict[str, float] = {}
     for _ in range(12):  # fixed point: the batch shapes the costs, the rate the batch
-        turnaround = c.loop_step_s + batch * (c.infer_at(batch) + c.loop_env_s) + (1 + hops) * c.hop_s
-        cpu_per_frame = (c.env_cpu_s + c.hop_s + c.loop_env_s
+        turnaround = c.loop_step_s + batch * (c.infer_at(batch) + c.loop_env_busy_s) + (1 + hops) * c.hop_s
+        cpu_per_frame = (c.env_cpu_s + c.hop_s + c.loop_env_busy_s
                          + (c.loop_step_s + (1 + hops) * c.hop_s + batch * c.infer_at(batch)) / batch)
         wall_bound = num_envs / (c.env_wall_s + c.hop_s + turnaround)
         if layout.workers == "thread":  # the env threads run in the driver: one GIL with the trainer

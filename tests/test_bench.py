@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import statistics
 import time
 
 import pytest
@@ -43,17 +44,23 @@ def test_the_sweep_adds_env_counts_and_caps_torchrl_but_never_the_main_count():
 
 def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 2, "warmup": 0.2, "seconds": 0.5,
-           "contenders": ["gym_sync", "ours:thread/slots/thread/auto", "ours:process/slots/thread/auto", "bare_procs"],
+           "contenders": ["gym_sync", "ours:thread/slots/thread/auto", "ours:process/slots/thread/auto", "bare_procs",
+                          "ours:auto"],
            "sweep_envs": [2], "sweep_contenders": ["gym_sync"], "trial_timeout": 120}
     lines: list[str] = []
     report = run_bench(cfg, tmp_path, log=lines.append)
     order = [t["contender"] for t in report["trials"] if t["num_envs"] == 4]
-    assert order[:4] == cfg["contenders"] and order[4:] == cfg["contenders"][::-1], "alternating, reversed"
+    n = len(cfg["contenders"])
+    assert order[:n] == cfg["contenders"] and order[n:] == cfg["contenders"][::-1], "alternating, reversed"
     for name in cfg["contenders"]:
         entry = report["summary"][name]["4"]
         assert entry["ok"] == 2 and entry["median"] > 0, (name, entry)
     assert report["limit"]["ok"] and report["limit"]["fps"] > 0
     assert report["summary"]["gym_sync"]["2"]["median"] > 0
+    # ours:auto is set against what its own trials predicted (each probed before it ran), not a re-prediction
+    own = [t["predicted_fps"] for t in report["trials"] if t["contender"] == "ours:auto" and t["num_envs"] == 4]
+    assert len(own) == 2 and report["summary"]["ours:auto"]["4"]["predicted"] == pytest.approx(statistics.median(own))
+    assert report["summary"]["ours:thread/slots/thread/auto"]["4"]["predicted"] > 0
     saved = json.loads((tmp_path / "bench_cartpole.json").read_text())
     assert saved["summary"].keys() == report["summary"].keys()
     table = format_report(report)

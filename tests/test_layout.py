@@ -217,3 +217,21 @@ def test_the_loop_probe_writes_big_frames_through_chunk_sized_memory():
     small = _time_loop(EnvSpec((4,), "float32", "discrete", action_n=2), 0.1)
     big = _time_loop(EnvSpec((210, 160, 3), "uint8", "discrete", action_n=6), 0.1)
     assert big[1] > 3 * small[1], "a 100 KB frame costs its copy on top of the per-env bookkeeping"
+
+
+def test_frames_copied_on_every_cpu_at_once_cost_what_the_shared_bandwidth_leaves():
+    alone = replace(CHEAP, obs_bytes=100_800, frame_bytes=201_668, copy_s_per_byte=90e-12)
+    shared = replace(alone, copy_share=0.5)
+    assert shared.assembly_s == pytest.approx(2 * alone.assembly_s)
+    # the loop probe's frame write was timed alone: half the bandwidth adds one more copy's time
+    assert shared.loop_env_busy_s == pytest.approx(alone.loop_env_s + 100_800 * 90e-12)
+    layout = Layout("process", "inline", 8)
+    assert predict(layout, shared, 16).predicted_fps < predict(layout, alone, 16).predicted_fps
+    assert Costs.from_dict(shared.as_dict()).copy_share == 0.5
+
+
+def test_the_shared_bandwidth_probe_reads_a_share_and_one_cpu_shares_nothing():
+    from pipeline.layout_probes import _time_shared_copy
+
+    assert _time_shared_copy(1) == 1.0
+    assert 0.05 <= _time_shared_copy(2, round_s=0.02) <= 1.0

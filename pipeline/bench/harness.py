@@ -83,7 +83,8 @@ def min_costs(all_costs: list[Any]) -> Any:
                  {b: min(c.infer_s[b] for c in all_costs) for b in first.infer_s},
                  min(c.loop_step_s for c in all_costs), min(c.loop_env_s for c in all_costs),
                  min(c.hop_s for c in all_costs), first.engine, first.cpus, first.trainer_s, first.obs_bytes,
-                 first.frame_bytes, min(c.copy_s_per_byte for c in all_costs))
+                 first.frame_bytes, min(c.copy_s_per_byte for c in all_costs),
+                 max(c.copy_share for c in all_costs))
 
 
 def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, Any], num_envs: int,
@@ -251,7 +252,10 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
         else:
             entry["error"] = runs[-1].get("error") if runs else "not run"
         ok_runs = [t for t in runs if t["fps"] is not None]
-        if costs is not None and ok_runs:
+        own = [t["predicted_fps"] for t in ok_runs if t.get("predicted_fps")]
+        if own:  # ours:auto: each trial probed and predicted its own run; their median against the median run
+            entry["predicted"] = statistics.median(own)
+        elif costs is not None and ok_runs:
             entry["predicted"] = predicted_fps(contender, ok_runs[-1], workload, num_envs, costs)
         choices = [t["choice"] for t in runs if t.get("choice")]
         if choices:
@@ -269,6 +273,8 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
         for name, by_n in summary.items():  # predictions from the same, least disturbed costs
             for num_envs, entry in by_n.items():
                 ok_runs = [t for t in trials if t["contender"] == name and t["num_envs"] == num_envs and t["fps"]]
+                if any(t.get("predicted_fps") for t in ok_runs):
+                    continue  # ours:auto keeps its trials' own predictions
                 if ok_runs and entry.get("predicted") is not None:
                     entry["predicted"] = predicted_fps(name, ok_runs[-1], workload, num_envs, costs)
     if costs is not None:
