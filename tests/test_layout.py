@@ -231,7 +231,7 @@ def test_frames_copied_on_every_cpu_at_once_cost_what_the_shared_bandwidth_leave
 
 
 def test_the_shared_bandwidth_probe_reads_a_share_and_one_cpu_shares_nothing():
-    from pipeline.layout_probes import _time_shared_copy
+    from pipeline.machine_probes import time_shared_copy
 
-    assert _time_shared_copy(1) == 1.0
-    assert 0.05 <= _time_shared_copy(2, round_s=0.02) <= 1.0
+    assert time_shared_copy(1) == 1.0
+    assert 0.05 <= time_shared_copy(2, round_s=0.02) <= 1.0
