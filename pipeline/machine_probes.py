@@ -24,7 +24,34 @@ _COPIER = ("import sys,time\nn,k=int(sys.argv[1]),int(sys.argv[2])\na=bytearray(
 BIG_FRAME_BYTES = 64 << 10
 
 
-def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2) -> float:
+#: seconds a copier may take to start (a bare interpreter and 64 MB), and to answer one round
+COPIER_START_TIMEOUT_S = 30.0
+COPIER_ROUND_TIMEOUT_S = 10.0
+
+
+def _read_line(fd: int, timeout: float) -> str | None:
+    """One line from a child's pipe, or None when it closed it or said nothing for ``timeout`` seconds.
+
+    A copier answers each request with exactly one line, so nothing past it
+    is ever read (and lost) here.
+    """
+    import os
+    import select
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        piece = os.read(fd, 256)
+        if not piece:
+            return None
+        data += piece
+    return data.decode()
+
+
+def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2, copier: str = _COPIER) -> float:
     """The share of its copy bandwidth a process keeps when every CPU copies at once (1.0: none lost).
 
     Big frames are streamed through memory by every worker and the driver
@@ -34,6 +61,10 @@ def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2) -> float
     are memmoves, 32 MB) runs alone, then in ``cpus`` processes at once
     (bare interpreters, ``-I -S``), in rounds of ~50 ms: long enough that
     where the scheduler first puts a woken process does not count.
+
+    A copier that dies or hangs makes the probe say 1.0 (no share lost,
+    the model without this term) within the timeouts above; it never
+    blocks the plan. ``copier``: the child's program (tests hand in broken ones).
     """
     import subprocess
     import sys
@@ -46,8 +77,9 @@ def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2) -> float
     dst[:] = src
     per_copy = max(1e-6, time.perf_counter() - started)
     k = max(2, int(round_s / per_copy))
-    children = [subprocess.Popen([sys.executable, "-I", "-S", "-c", _COPIER, str(STREAM_BYTES), str(k)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(cpus - 1)]
+    children = [subprocess.Popen([sys.executable, "-I", "-S", "-c", copier, str(STREAM_BYTES), str(k)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+                for _ in range(cpus - 1)]
 
     def copies() -> float:
         t = time.perf_counter()
@@ -55,31 +87,44 @@ def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2) -> float
             dst[:] = src
         return time.perf_counter() - t
 
+    def answers(timeout: float) -> list[float] | None:
+        out = []
+        for child in children:
+            assert child.stdout is not None
+            line = _read_line(child.stdout.fileno(), timeout)
+            try:
+                out.append(float(line or "x"))
+            except ValueError:
+                return None
+        return out
+
     try:
-        for child in children:  # ready: nothing else copies while the copy is timed alone
-            if child.stdout is None or not child.stdout.readline():
-                return 1.0
+        if answers(COPIER_START_TIMEOUT_S) is None:  # ready: nothing else copies while the copy is timed alone
+            return 1.0
         alone = min(copies() for _ in range(rounds))
         together = []
         for _ in range(rounds):
             for child in children:
                 assert child.stdin is not None
-                child.stdin.write("go\n")
-                child.stdin.flush()
-            times = [copies()] + [float(child.stdout.readline() or "nan") for child in children
-                                  if child.stdout is not None]
-            together.append(float(np.mean(times)))
+                child.stdin.write(b"go\n")
+            own = copies()
+            theirs = answers(COPIER_ROUND_TIMEOUT_S)
+            if theirs is None:
+                return 1.0
+            together.append(float(np.mean([own] + theirs)))
         share = alone / min(together)
         return float(min(1.0, max(0.05, share))) if share == share else 1.0
+    except (OSError, ValueError):  # a copier gone mid-write (a broken pipe)
+        return 1.0
     finally:
         for child in children:
             try:
                 if child.stdin is not None:
                     child.stdin.close()
-                child.wait(5)
+                child.wait(2)
             except (OSError, subprocess.TimeoutExpired):
                 child.kill()
-                child.wait(1)
+                child.wait(5)
 
 
 _ECHO = "import os,sys\nr,w=int(sys.argv[1]),int(sys.argv[2])\nwhile True:\n b=os.read(r,1)\n if not b: break\n os.write(w,b)\n"

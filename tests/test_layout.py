@@ -235,3 +235,39 @@ def test_the_shared_bandwidth_probe_reads_a_share_and_one_cpu_shares_nothing():
 
     assert time_shared_copy(1) == 1.0
     assert 0.05 <= time_shared_copy(2, round_s=0.02) <= 1.0
+
+
+def _copier_children() -> list[int]:
+    """Pids of this process's live children running a test copier (the marker in their program)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"test-copier" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("copier", [
+    "import sys,time\n# test-copier: ready, then never answers a round\nprint(0,flush=True)\ntime.sleep(60)\n",
+    "import sys,time\n# test-copier: never says it is ready\ntime.sleep(60)\n",
+    "import sys\n# test-copier: dies at once\nsys.exit(3)\n",
+    "import sys\n# test-copier: answers nonsense\nprint(0,flush=True)\nsys.stdin.readline()\nprint('x',flush=True)\n",
+], ids=["hangs-in-a-round", "hangs-at-start", "dies", "garbles"])
+def test_a_copier_that_hangs_or_dies_costs_the_probe_its_term_not_the_plan(monkeypatch, copier):
+    import time
+
+    from pipeline import machine_probes
+
+    monkeypatch.setattr(machine_probes, "COPIER_START_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(machine_probes, "COPIER_ROUND_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    assert machine_probes.time_shared_copy(2, round_s=0.01, copier=copier) == 1.0
+    assert time.monotonic() - started < 10.0
+    assert _copier_children() == []

@@ -44,26 +44,62 @@ DQN_BAD = ["replay.capacity=0", "replay.alpha=-1", "replay.beta=2", "replay.eps=
 CASES = [o.split() for o in BAD] + [["trainer=dqn", "replay=uniform", *o.split()] for o in DQN_BAD]
 
 
-def _run(args: list[str], tmp) -> subprocess.CompletedProcess:  # noqa: ANN001
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    run_dir = [] if any(a.startswith("hydra.run.dir") for a in args) else \
-        [f"hydra.run.dir={tmp / ('r' + str(abs(hash(tuple(args)))))}"]
-    return subprocess.run([sys.executable, "-m", "pipeline", *args, *run_dir], cwd=tmp, env=env,
+#: each kind of refusal once more through a real ``python -m pipeline`` (the rest run forked, tests/cli_forks.py)
+REAL = [["trainer.nope=1"], ["env.num_envs=0"], ["env.id=NoSuchEnv-v0"], ["hydra.run.dir=/proc/nope"],
+        ["trainer=dqn", "replay=uniform", "replay.capacity=0"]]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+
+
+def _with_run_dir(args: list[str], tmp) -> list[str]:  # noqa: ANN001
+    if any(a.startswith("hydra.run.dir") for a in args):
+        return args
+    return [*args, f"hydra.run.dir={tmp / ('r' + str(abs(hash(tuple(args)))))}"]
+
+
+def _run(args: list[str], tmp) -> dict:  # noqa: ANN001
+    done = subprocess.run([sys.executable, "-m", "pipeline", *_with_run_dir(args, tmp)], cwd=tmp, env=_env(),
                           capture_output=True, text=True, timeout=240)
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+
+def _failures(results: list[tuple[list[str], dict]]) -> list[str]:
+    failures = []
+    for args, result in results:
+        lines = [line for line in result["stderr"].splitlines() if line.strip()]
+        ok = (result["returncode"] == 2 and len(lines) == 1 and lines[0].startswith("config error: ")
+              and "plan:" not in result["stdout"] and "Traceback" not in result["stdout"] + result["stderr"])
+        if not ok:
+            failures.append(f"{' '.join(args)} -> exit {result['returncode']}, stdout {result['stdout'][-300:]!r}, "
+                            f"stderr {result['stderr'][-600:]!r}")
+    return failures
 
 
 @pytest.mark.timeout(900)
 def test_at_least_fifty_bad_overrides_are_each_one_line_and_exit_2_before_the_plan(tmp_path):
+    from tests.cli_forks import run_forked
+
     assert len(CASES) >= 50
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda args: (args, _run(args, tmp_path)), CASES))
-    failures = []
-    for args, result in results:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        ok = (result.returncode == 2 and len(lines) == 1 and lines[0].startswith("config error: ")
-              and "plan:" not in result.stdout and "Traceback" not in result.stdout + result.stderr)
-        if not ok:
-            failures.append(f"{' '.join(args)} -> exit {result.returncode}, stdout {result.stdout[-300:]!r}, "
-                            f"stderr {result.stderr[-600:]!r}")
+    forked = run_forked([_with_run_dir(args, tmp_path) for args in CASES], tmp_path, _env())
+    failures = _failures(list(zip(CASES, forked)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        real = list(pool.map(lambda args: (args, _run(args, tmp_path)), REAL))
+    failures += [f"(python -m pipeline) {line}" for line in _failures(real)]
     assert not failures, "\n".join(failures)
     assert not list(tmp_path.glob("*/metrics.jsonl")), "a refused run wrote metrics"
+
+
+def test_the_forked_runs_see_what_a_fresh_interpreter_sees(tmp_path):
+    """The fork helper is a faithful stand-in: a good run's plan, a bad one's line, the same exit codes."""
+    from tests.cli_forks import run_forked
+
+    cases = [_with_run_dir(["trainer.total_frames=2048", "env.num_envs=2", "workers=thread", "server=inline",
+                            "trainer.target_return=null", "logger.sinks=[jsonl]"], tmp_path),
+             _with_run_dir(["env.num_envs=0"], tmp_path)]
+    good, bad = run_forked(cases, tmp_path, _env())
+    assert good["returncode"] == 0, good["stderr"][-2000:]
+    assert "plan:" in good["stdout"]
+    assert list(tmp_path.glob("*/metrics.jsonl")), "the good forked run wrote no metrics"
+    assert bad["returncode"] == 2 and bad["stderr"].startswith("config error: ")
