@@ -128,3 +128,16 @@ def test_the_frames_workload_moves_raw_screens_at_almost_no_step_cost():
         obs, reward, term, trunc, _ = env.step(t % 6)
         assert env.observation_space.contains(obs) and not term
     assert trunc  # the episode ends at episode_steps
+
+
+def test_the_block_bench_times_an_env_block_and_the_hand_loop_on_the_same_steps(monkeypatch, capsys):
+    from pipeline.bench import block
+
+    runs = block.contenders("CartPole-v1", 4)
+    assert set(runs) == {"block", "bare"}
+    assert all(0 < runs[name](3) < 0.01 for name in runs)  # seconds per env step
+    monkeypatch.setattr(block, "STEPS_PER_ROUND", 400)
+    block.main(["--envs", "2", "5", "--rounds", "2"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["2", "5"]
+    assert all(float(row.split("|")[5]) > 0 for row in rows)
