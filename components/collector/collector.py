@@ -29,7 +29,8 @@ from components.collector.graph import GraphSpec
 from components.collector.monitor import CollectorError, GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
 from components.collector.restarts import WorkerRestarts
-from components.collector.worker import PAUSED, RUNNING, WorkerControl, transition_fields
+from components.collector.worker import transition_fields
+from components.collector.worker_control import PAUSED, RUNNING, WorkerControl
 from components.collector.stream import BatchStream
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.inline import InlineServer

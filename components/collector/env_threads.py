@@ -180,7 +180,7 @@ class _Strided:
 def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: ChunkWriter, control: Any,
                    mode: int, response_keys: tuple[str, ...]) -> None:
     """The worker loop for blocks of one env each, all stepping at once (see the module docstring)."""
-    from components.collector.worker import STEPPING, WAITING_ACTIONS, _await, _park, acquire_chunk
+    from components.collector.worker_control import STEPPING, WAITING_ACTIONS, acquire_chunk, await_response, park
 
     stop, pause, timing = control.stop[worker:worker + 1], control.pause, control.timing[worker]
     activity, heartbeat, reset_epoch = control.activity, control.heartbeat, control.reset_epoch
@@ -208,7 +208,7 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
             channel.submit(m, mode)
             # A slow server is waited for, not a step that hangs (the step watchdog skips this activity).
             activity[worker] = WAITING_ACTIONS
-            response = _await(channel, stop, beat)
+            response = await_response(channel, stop, beat)
             heartbeat[worker] = envs.oldest_step_start()  # first: the wait was no step
             activity[worker] = STEPPING
             timing[1] += clock() - started
@@ -244,7 +244,7 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
                     beat()
                     heartbeat[worker] = envs.oldest_step_start()
                     pending += envs.returned(_POLL_S)
-                _park(worker, control)
+                park(worker, control)
                 continue
             if chunk is None:
                 chunk = acquire_chunk(worker, chunks, control)

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from components.collector.worker import ACTIVITIES, EXITED, FAILED, RUNNING, STEPPING, TIMING, WorkerControl
+from components.collector.worker_control import ACTIVITIES, EXITED, FAILED, RUNNING, STEPPING, TIMING, WorkerControl
 
 #: A worker whose env steps/s over an interval is below this fraction of the median of the others' is slow.
 SLOW_RATIO = 0.25

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.collector.chunks import ChunkWriter
-from components.collector.worker import WorkerControl, run_worker
+from components.collector.worker import run_worker
+from components.collector.worker_control import WorkerControl
 from components.collector.env_block import EnvBlock
 from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
 from components.threads import child_pools, pin_pools

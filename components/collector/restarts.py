@@ -24,7 +24,7 @@ from typing import Any
 
 from components.collector.monitor import CollectorError
 from components.collector.pools import WorkerAssignment
-from components.collector.worker import BUILDING, STARTING, TIMING
+from components.collector.worker_control import BUILDING, STARTING, TIMING
 from components.envs import env_seeds
 from components.inference.server import ServerError
 from components.lifecycle import release_semaphore_names

@@ -28,7 +28,6 @@ import multiprocessing
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,100 +35,9 @@ from components.collector.chunks import ChunkWriter
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.procname import set_name
 from components.threads import report_pools
-from components.shm import FieldSpec, SharedArena
-
-_WAIT_S = 0.05
-_ERROR_BYTES = 4096
-
-# Status codes of the control block.
-STARTING, RUNNING, FAILED, EXITED = 0, 1, 2, 3
-#: Columns of the per-worker timing table (``rows_requested``: observation
-#: rows sent to the server, the worker-side count of what it must serve).
-TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames", "rows_requested", "non_finite_skipped")
-#: What a worker is doing now, by code (the ``activity`` column).
-ACTIVITIES = ("building its envs", "stepping envs", "waiting for actions from the inference server",
-              "waiting for a free chunk (the consumer holds them all)", "paused")
-BUILDING, STEPPING, WAITING_ACTIONS, WAITING_CHUNK, PAUSED = range(len(ACTIVITIES))
-
-
-class ActionChannel(Protocol):
-    """How a worker gets actions: write ``request``, ``submit``, ``wait``."""
-
-    request: dict[str, np.ndarray]
-
-    def submit(self, rows: int | None = None, mode: int | None = None) -> None: ...  # acts on ``request``
-
-    def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]: ...
-
-
-class WorkerControl:
-    """Shared flags and counters between the driver and its workers."""
-
-    def __init__(self, num_workers: int) -> None:
-        self._arena = SharedArena([
-            # Per worker: all set to stop the graph, one to retire a worker (a server restart).
-            FieldSpec("stop", (num_workers,), "int8"),
-            FieldSpec("pause", (1,), "int8"),
-            FieldSpec("paused", (num_workers,), "int8"),
-            FieldSpec("status", (num_workers,), "int8"),
-            FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
-            FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
-            FieldSpec("activity", (num_workers,), "int8"),
-            # when the env step in progress began (the step watchdog's clock)
-            FieldSpec("heartbeat", (num_workers,), "float64"),
-            # when the worker last turned its loop, and how many turns it took (the progress watchdog's)
-            FieldSpec("progress", (num_workers,), "float64"),
-            FieldSpec("beats", (num_workers,), "int64"),
-            FieldSpec("reset_epoch", (1,), "int64"),
-        ])
-        self._bind()
-
-    def _bind(self) -> None:
-        a = self._arena
-        self.stop, self.pause, self.paused = a.array("stop"), a.array("pause"), a.array("paused")
-        self.status, self.timing = a.array("status"), a.array("timing")
-        self.activity, self.heartbeat = a.array("activity"), a.array("heartbeat")
-        self.progress, self.beats = a.array("progress"), a.array("beats")
-        self.reset_epoch = a.array("reset_epoch")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_arena": self._arena}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._bind()
-
-    def beat(self, worker: int) -> None:
-        """Worker ``worker`` turned its loop: it is alive and not stuck (a few hundred ns)."""
-        self.progress[worker] = time.monotonic()
-        self.beats[worker] += 1
-
-    def fail(self, worker: int, message: str) -> None:
-        data = message.encode("utf-8", "replace")[: _ERROR_BYTES - 1]
-        err = self._arena.array("error")
-        err[worker, :] = 0
-        err[worker, : len(data)] = np.frombuffer(data, np.uint8)
-        self.status[worker] = FAILED
-
-    def error(self, worker: int) -> str:
-        raw = bytes(self._arena.array("error")[worker])
-        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-
-class _Stopped(Exception):
-    pass
-
-
-def _park(worker: int, control: WorkerControl) -> None:
-    control.activity[worker] = PAUSED
-    control.paused[worker] = 1
-    while control.pause[0] and not control.stop[worker]:
-        control.beat(worker)  # parked, not frozen
-        time.sleep(0.005)
-    control.paused[worker] = 0
-    control.heartbeat[worker] = time.monotonic()
-    control.beat(worker)
-
+from components.collector.worker_control import (BUILDING, EXITED, RUNNING, STEPPING, WAITING_ACTIONS, ActionChannel,
+                                                 Stopped, WorkerControl, acquire_chunk, await_response, park)
+from components.shm import FieldSpec
 
 def run_worker(
     worker: int,
@@ -173,7 +81,7 @@ def run_worker(
         else:
             _loop(worker, blocks, channels, chunks, control, interaction_mode, response_keys)
         control.status[worker] = EXITED
-    except _Stopped:
+    except Stopped:
         control.status[worker] = EXITED
     except BaseException as exc:
         if not control.stop[worker]:
@@ -188,31 +96,6 @@ def run_worker(
     finally:
         for block in blocks:
             block.close()
-
-
-def acquire_chunk(worker: int, chunks: ChunkWriter, control: WorkerControl) -> dict[str, np.ndarray] | None:
-    """The next free chunk, or None within a bounded wait (the caller re-checks stop and pause); timed."""
-    control.activity[worker] = WAITING_CHUNK
-    started = time.perf_counter()
-    chunk = chunks.acquire(_WAIT_S)
-    control.timing[worker, 2] += time.perf_counter() - started
-    return chunk
-
-
-def _await(channel: ActionChannel, stop: np.ndarray, beat: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-    """The response to the channel's request, in bounded turns: each one re-checks stop and beats.
-
-    A slow server keeps the worker waiting here, never frozen: ``beat``
-    (the worker's progress clock) advances every turn.
-    """
-    while True:
-        try:
-            return channel.wait(_WAIT_S * 5)
-        except TimeoutError:
-            if stop[0]:
-                raise _Stopped() from None
-            if beat is not None:
-                beat()
 
 
 def _loop(
@@ -263,8 +146,8 @@ def _loop(
             activity[worker] = WAITING_ACTIONS
             for i, channel in enumerate(channels):
                 if held[i] is None:
-                    held[i] = _await(channel, stop, beat)
-            _park(worker, control)
+                    held[i] = await_response(channel, stop, beat)
+            park(worker, control)
             continue
         if chunk is None:
             chunk = acquire_chunk(worker, chunks, control)
@@ -285,7 +168,7 @@ def _loop(
             started = clock()
             if held[i] is None:
                 activity[worker] = WAITING_ACTIONS
-                response = _await(channel, stop, beat)
+                response = await_response(channel, stop, beat)
             else:
                 response = held[i]
             held[i] = None

@@ -342,7 +342,7 @@ def _monitor_over(env_s: list[float], frames: list[int], wall: float = 1.0) -> t
     import types
 
     from components.collector.monitor import GraphMonitor
-    from components.collector.worker import TIMING
+    from components.collector.worker_control import TIMING
 
     n = len(env_s)
     control = types.SimpleNamespace(timing=np.zeros((n, len(TIMING))), beats=np.zeros(n, np.int64))
