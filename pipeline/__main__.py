@@ -7,9 +7,8 @@ module, and they must not pay for Hydra or torch.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from pipeline import CONF_DIR
 
 
 def main() -> None:
@@ -55,7 +54,7 @@ def _main() -> None:
     register()
     started: list[bool] = []
 
-    @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _task(cfg):  # type: ignore[no-untyped-def]  # noqa: ANN202 - the sweep objective, or None
         started.append(True)
         from pipeline.run import main_from_hydra

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from pipeline import CONF_DIR
+
 #: env= option -> the gymnasium modules its envs come from
 FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",),
             # continuous classic control only: CartPole and Acrobot keep the defaults

@@ -30,41 +30,30 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from components.collector.collector import AsyncBatchedCollector, CollectorError
-from components.envs import EnvConfigError, probe_env_spec
+from components.collector.collector import CollectorError
 from components.lifecycle import name_semaphores_by_pid, sweep_stale_semaphores
 from components.metrics import MetricsLogger
 from components.models import ModelSpec
 from components.threads import pin_pools, report_pools
 from components.trainers.base import NonFiniteError, Trainer
 from pipeline.budgets import check_budgets
+from pipeline.collection import build_collector, model_spec_for
 from pipeline.evaluation import EvaluationError, Evaluator
 from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
-from pipeline.plan import Machine, Plan, resolve_plan
+from pipeline.plan import Machine, Plan
+from pipeline.plan.inputs import plan_config
+from pipeline.plan.ray import connect_ray
 from pipeline.presets import preset_line
 from pipeline.resume import rewind_metrics
 from pipeline.run_lock import LOCK, claim_run_dir
 from pipeline.rundir import DiskReserve, apply_mode, write_hydra_files
-from pipeline.signals import _PENDING, exit_interrupted, raise_if_pending
+from pipeline.signals import (Interrupted, catch_signals, exit_interrupted, ignore_signals, raise_if_pending,
+                              signals_raise)
 from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.sweep import cpu_share
 from pipeline.validate import ConfigError, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGINT arrived; the run stops cleanly.
-
-    A ``BaseException``, like ``KeyboardInterrupt``: code that catches
-    ``Exception`` (Hydra's ``instantiate`` wraps those) must not swallow it.
-    """
-
-
-def _raise_interrupted(signum: int, _frame: Any) -> None:
-    name = signal.Signals(signum).name
-    _PENDING.append(name)
-    raise Interrupted(name)
 
 
 def spawn_from_any_process() -> None:
@@ -81,59 +70,13 @@ def spawn_from_any_process() -> None:
         multiprocessing.set_start_method("spawn", force=True)
 
 
-def catch_signals() -> dict[int, Any]:
-    """From here on SIGINT and SIGTERM raise :class:`Interrupted`; returns the previous handlers."""
-    return {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def build_env(cfg: DictConfig) -> tuple[Any, Any]:
-    """The env factory and the spec of one env it makes (an unknown id is a config error)."""
-    try:
-        env_factory = instantiate(cfg.env.factory, _convert_="all")
-    except Exception as err:  # noqa: BLE001 - a user-given _target_ or argument
-        cause = err.__cause__ or err
-        raise ConfigError(f"env.factory: cannot build it: {type(cause).__name__}: "
-                          f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
-    try:
-        return env_factory, probe_env_spec(env_factory)
-    except EnvConfigError as err:
-        raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
-
-
-def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:
-    """What ``transport=auto`` chooses the layout from (:mod:`pipeline.layout`), probed in a few hundred ms.
-
-    None when nothing is left to choose (``server=inline`` or ``transport=slots``)
-    or the probe fails: the plan then falls back to its rule and says so.
-    """
-    if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
-        return None
-    from pipeline.layout_probes import probe_for_config
-    from pipeline.plan import _device, _serving_engine
-
-    policy_device, _ = _device(str(cfg.device.policy_device), machine)
-    trainer_device, _ = _device(str(cfg.device.trainer_device), machine)
-    engine, _ = _serving_engine(cfg, policy_device)
-    try:
-        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
-    except (ValueError, KeyError, TypeError):
-        return None  # a model this env cannot have: the learner's build says so in one line, next
-    except Exception as err:  # noqa: BLE001 - the rule still gives a working layout
-        print(f"warning: the layout probe failed ({type(err).__name__}: {err}); transport=auto falls back to its "
-              "rule", file=sys.stderr, flush=True)
-        return None
-
-
 def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec, Trainer]:
     """The model spec (what the server rebuilds) and the trainer owning the learner's copy.
 
     The trainer comes from the trainer node's ``_target_`` (its other keys are
     the hyper-parameters), so a new algorithm is a new config, not a branch here.
     """
-    model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model_kwargs, dict)
-    target = str(model_kwargs.pop("_target_"))
-    model_spec = ModelSpec(target, model_kwargs)
+    model_spec = model_spec_for(cfg)
     if cfg.trainer.name == "dqn" and env_spec.action_kind != "discrete":
         raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has continuous actions; "
                           "DQN needs discrete ones (use trainer=ppo)")
@@ -218,8 +161,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         # unless they are started with their own (components/threads.py).
         pin_pools(int(cfg.torch_threads))
         hook = post_collect_hook(cfg)
-        env_factory, env_spec = build_env(cfg)
-        plan = resolve_plan(cfg, machine, env_spec, layout_costs(cfg, env_factory, env_spec, machine))
+        planned = plan_config(cfg, machine)
+        plan, env_factory, env_spec = planned.plan, planned.env_factory, planned.env_spec
         if preset:
             plan = replace(plan, reasons=(*plan.reasons, ("preset", preset)))
         hosts = None
@@ -254,27 +197,6 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
             os.umask(umask)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def connect_ray(cfg: DictConfig, plan: Plan, machine: Machine) -> tuple[Any, Plan, Any]:
-    """Reach the cluster ``ray.address`` names and plan the env hosts on it (a failure is one line)."""
-    from components.ray.cluster import RayCluster, RayUnavailable
-    from pipeline.ray_plan import ray_plan
-
-    r = cfg.ray
-    cluster = RayCluster(str(r.address), num_cpus=machine.cpus,
-                         runtime_env=OmegaConf.to_container(r.runtime_env, resolve=True) if r.runtime_env else None,
-                         object_store_memory=r.object_store_memory)
-    try:
-        cluster.connect()
-        plan, hosts = ray_plan(cfg, plan, cluster)
-    except RayUnavailable as err:
-        cluster.close()
-        raise ConfigError(str(err)) from None
-    except BaseException:
-        cluster.close()
-        raise
-    return cluster, plan, hosts
 
 
 def _unclaim(cfg: DictConfig, run_dir: Path) -> None:
@@ -317,35 +239,25 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         nstep.load_state_dict(restored["nstep"])
     if resume:
         rewind_metrics(run_dir / "metrics.jsonl", start_frames)
-    c = cfg.collector
     # A resumed run gets fresh env seeds: replaying the first episodes again would bias the data.
     env_seed = int(np.random.SeedSequence([int(cfg.seed), start_frames]).generate_state(1)[0]) if resume \
         else int(cfg.seed)
-    common: dict[str, Any] = dict(
-        frames_per_batch=algo.frames_per_batch, total_frames=algo.total_frames, initial_frames=start_frames,
-        seed=env_seed, server_config=plan.server, env_spec=env_spec,
-        replay_buffer=buffer, postproc=nstep, storing_device=plan.storing_device,
-        policy_version=trainer.policy_version, stall_timeout=c.stall_timeout,
-        step_timeout=cfg.workers.step_timeout, max_restarts=int(cfg.workers.max_restarts),
-        restart_window=float(cfg.workers.restart_window), skip_non_finite=algo.nan_policy == "skip",
-        yield_completed_trajectories=bool(c.yield_completed_trajectories), post_collect_hook=hook,
-        driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
-    )
     cluster, hosts = ray_hosts
+    on_start = None
     if hosts is not None:
-        from components.ray.collector import RayCollector
-
-        from pipeline.ray_plan import placement_lines
+        from pipeline.plan.ray import placement_lines
 
         def placed(where: list[dict[str, Any]]) -> None:
             print("\n".join(["ray hosts:", *placement_lines(where, cluster.nodes())]), flush=True)
 
-        collector: Any = RayCollector(env_factory, model_spec, hosts, cluster, **common, on_start=placed)
-    else:
-        collector = AsyncBatchedCollector(env_factory, model_spec, plan.graph, **common,
-                                          server_restarts=int(cfg.server.max_restarts),
-                                          server_step_timeout=cfg.server.step_timeout,
-                                          reset_at_each_iter=bool(c.reset_at_each_iter))
+        on_start = placed
+
+    collector = build_collector(cfg, plan, env_factory, env_spec, model_spec, seed=env_seed,
+                                total_frames=algo.total_frames, initial_frames=start_frames,
+                                policy_version=trainer.policy_version, replay_buffer=buffer, postproc=nstep,
+                                post_collect_hook=hook, skip_non_finite=algo.nan_policy == "skip",
+                                ray_hosts=ray_hosts, on_start=on_start,
+                                frames_per_batch=algo.frames_per_batch)
     # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -407,9 +319,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         # (nothing before them waits for a sink: rows are queued, never sent in line); during the sinks'
         # close, the last step, a second Ctrl-C abandons them at once.
         try:
-            _ignore_signals(previous)
+            ignore_signals(previous)
         except (KeyboardInterrupt, Interrupted) as err:  # a second one in the moment before: ignored from now
-            _ignore_signals(previous)
+            ignore_signals(previous)
             if code == EXIT_OK:
                 stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
         tracker = reporter.tracker
@@ -442,7 +354,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                 "solved": stop_reason == "target_return",
             })
         interrupted: list[str] = []
-        with _best_effort(lost, "close the logger", interrupted), _signals_raise(previous):
+        with _best_effort(lost, "close the logger", interrupted), signals_raise(previous):
             logger.close(exit_code=code)  # its sinks: bounded by logger.wandb_timeout, then abandoned
         if interrupted and code == EXIT_OK:  # the sinks were abandoned; what the run wrote is complete
             code = EXIT_INTERRUPTED
@@ -490,28 +402,6 @@ def _best_effort(lost: list[str], what: str, interrupted: list[str] | None = Non
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
-
-
-def _ignore_signals(signals: dict[int, Any]) -> None:
-    """From here on ``signals`` (SIGINT, SIGTERM) are ignored: what follows must not be cut short."""
-    for sig in signals:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _signals_raise(signals: dict[int, Any]) -> Iterator[None]:
-    """For one step of the clean-up that may be abandoned (the sinks' close), ``signals`` raise again."""
-    for sig in signals:
-        signal.signal(sig, _raise_interrupted)
-    try:
-        yield
-    finally:
-        for _ in range(3):  # a signal landing while they are ignored again: the step is over anyway
-            try:
-                _ignore_signals(signals)
-                break
-            except (KeyboardInterrupt, Interrupted):
-                continue
 
 
 def concurrent_jobs(hydra_cfg: Any, cpus: int) -> int:

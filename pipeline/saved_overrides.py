@@ -43,9 +43,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pipeline import CONF_DIR
 from pipeline.validate import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 #: The keys of Hydra's instantiate protocol: each decides what is called, with what, and how.
 INSTANTIATE_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
 #: Keys besides ``_target_`` whose value the run imports by dotted path (pipeline/run.py: ``get_method``).

@@ -9,7 +9,9 @@ the signal down, and the runner acts on the note between start-up phases.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 _PENDING: list[str] = []
@@ -33,6 +35,51 @@ def catch_early() -> None:
     """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _note_and_raise)
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGINT arrived once the run had started; it stops cleanly.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: code that catches
+    ``Exception`` (Hydra's ``instantiate`` wraps those) must not swallow it.
+    """
+
+
+def _note_and_interrupt(signum: int, _frame: Any) -> None:
+    name = signal.Signals(signum).name
+    _PENDING.append(name)
+    raise Interrupted(name)
+
+
+def catch_signals() -> dict[int, Any]:
+    """From here on SIGINT and SIGTERM are noted and raise :class:`Interrupted`; returns the previous handlers.
+
+    The runner's handler, once start-up is past the parts a raise could
+    corrupt (see :func:`catch_early`).
+    """
+    return {sig: signal.signal(sig, _note_and_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def ignore_signals(signals: dict[int, Any]) -> None:
+    """From here on ``signals`` (SIGINT, SIGTERM) are ignored: what follows must not be cut short."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def signals_raise(signals: dict[int, Any]) -> Iterator[None]:
+    """For one step of the clean-up that may be abandoned (the sinks' close), ``signals`` raise again."""
+    for sig in signals:
+        signal.signal(sig, _note_and_interrupt)
+    try:
+        yield
+    finally:
+        for _ in range(3):  # a signal landing while they are ignored again: the step is over anyway
+            try:
+                ignore_signals(signals)
+                break
+            except (KeyboardInterrupt, Interrupted):
+                continue
 
 
 def raise_if_pending() -> None:

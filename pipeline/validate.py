@@ -176,7 +176,10 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "trainer.eval_episodes", lambda v: v >= 1, ">= 1")
     if get("workers.step_timeout") is not None:
         _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
-    if check_env:
+    # the gymnasium registry is asked only when the factory makes its env from env.id (an own factory
+    # that takes no id, e.g. the benchmark's frames env, names its env for the run directory only)
+    factory = OmegaConf.select(cfg, "env.factory", default=None, throw_on_missing=False)
+    if check_env and (not isinstance(factory, DictConfig) or "id" in list(factory.keys())):
         env_id = get("env.id")
         try:
             check_env_id(str(env_id))

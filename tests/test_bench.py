@@ -10,25 +10,35 @@ import time
 import pytest
 
 from pipeline.bench.bare import run_bare
-from pipeline.bench.contenders import ours_graph
+from pipeline.bench.ours import layout_overrides, ours_overrides, plan_for
 from pipeline.bench.harness import SCALE_ENVS, apply_scale, format_report, format_sweep, run_bench, trial_plan
 from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
 
-WORKLOAD = {
-    "name": "cartpole",
-    "env": {"_target_": "components.envs.GymEnvFactory", "id": "CartPole-v1"},
-    "model": {"_target_": "components.models.ActorCritic", "encoder": "mlp", "hidden": [16]},
-    "num_envs": 4, "envs_per_worker": None, "splits": None, "nice": 0, "server_min_batch_size": 1,
-    "server_timeout": 0.002, "server_threads": 1, "frames_per_batch": 64, "limit_steps": 200,
-}
+WORKLOAD = {"name": "cartpole", "overrides": ["env=cartpole", "model.hidden=[16]"], "num_envs": 4,
+            "frames_per_batch": 64}
 
 
-def test_contender_names_map_to_graphs_with_the_pipelines_rules():
-    g = ours_graph("ours:process/slots/process/auto", WORKLOAD, 64, 4096)
-    assert (g.workers, g.server, g.splits) == ("process", "process", 2)
+def _faulty(**kwargs: object) -> dict:
+    """WORKLOAD with the env swapped for tests.fakes.FaultyEnvFactory(**kwargs), by overrides as a user would."""
+    swap = ["env.factory._target_=tests.fakes.FaultyEnvFactory"]
+    return {**WORKLOAD, "overrides": [*WORKLOAD["overrides"], *swap, *(f"+env.factory.{k}={v}" for k, v in kwargs.items())]}
+
+
+def test_contender_names_are_override_lists_planned_by_the_runners_rules():
+    assert layout_overrides("ours:auto") == []
+    assert layout_overrides("ours:process/none/inline/auto") == ["workers=process", "server=inline", "transport=slots",
+                                                                 "chunking=auto"]
+    _, planned, _ = plan_for(ours_overrides("ours:process/slots/process/auto", WORKLOAD, 64))
+    g = planned.plan.graph
+    assert (g.workers, g.server, g.splits, g.num_envs) == ("process", "process", 2, 64)
     assert g.chunk_len * g.envs_per_worker >= 64
-    g = ours_graph("ours:process/slots/thread/step@epw=4,splits=1", WORKLOAD, 8, 256)
+    _, planned, _ = plan_for(ours_overrides("ours:process/slots/thread/step@epw=4,splits=1", WORKLOAD, 8))
+    g = planned.plan.graph
     assert (g.envs_per_worker, g.splits, g.chunk_len) == (4, 1, 1)
+    for bad in ("ours:process/slots/inline/auto", "ours:gpu/slots/thread/auto", "ours:thread/slots/thread/auto@x=1",
+                "ours:thread/slots"):
+        with pytest.raises(ValueError):
+            layout_overrides(bad)
 
 
 @pytest.mark.timeout(300)
@@ -66,6 +76,32 @@ def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     table = format_report(report)
     assert "x gym_sync" in table and "x bare_procs" in table and "% of limit" in table and "machine limit" in table
     assert "frames/s (median) by env count:" in table and "| 2 | " in table  # the sweep's table
+    _each_command_plans_the_graph_its_trial_measured(report, table)
+
+
+def _each_command_plans_the_graph_its_trial_measured(report: dict, table: str) -> None:
+    """The printed command of every ours:* trial, planned again from its text, gives the graph the trial built."""
+    import shlex
+    from dataclasses import asdict
+
+    from pipeline.layout import Costs
+    from pipeline.plan import resolve_plan
+    from pipeline.plan.inputs import compose
+
+    ours = [t for t in report["trials"] if t["contender"].startswith("ours:")]
+    assert ours
+    for trial in ours:
+        words = shlex.split(trial["command"])
+        assert words[:3] == ["python", "-m", "pipeline"]
+        assert f"env.num_envs={trial['num_envs']}" in words
+        assert f"  {trial['contender']}: " in table or trial["num_envs"] != report["num_envs"]
+        if trial["contender"] == "ours:auto":  # the choice depends on the probe: plan it from the trial's costs
+            cfg, planned, machine = plan_for(words[3:])
+            again = resolve_plan(cfg, machine, planned.env_spec, Costs.from_dict(trial["costs"])).graph
+        else:
+            again = plan_for(words[3:])[1].plan.graph
+        assert asdict(again) == {k: (tuple(v) if isinstance(v, list) else v) for k, v in trial["graph"].items()}, \
+            trial["contender"]
 
 
 @pytest.mark.timeout(120)
@@ -78,7 +114,7 @@ def test_bare_procs_runs_one_loop_per_cpu_and_leaves_no_process():
 
 @pytest.mark.timeout(120)
 def test_bare_procs_fails_when_one_of_its_processes_dies():
-    workload = {**WORKLOAD, "env": {"_target_": "tests.fakes.FaultyEnvFactory", "at_step": 30}}
+    workload = _faulty(at_step=30)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"bare_procs: process \d exited with code 1"):
         run_bare(workload, 4, warmup=1.0, seconds=5.0, cpus=2)
@@ -88,7 +124,7 @@ def test_bare_procs_fails_when_one_of_its_processes_dies():
 
 @pytest.mark.timeout(120)
 def test_bare_procs_kills_a_hung_process_and_returns():
-    workload = {**WORKLOAD, "env": {"_target_": "tests.fakes.FaultyEnvFactory", "at_step": 30, "fault": "hang"}}
+    workload = _faulty(at_step=30, fault="hang")
     result = run_bare(workload, 2, warmup=0.2, seconds=0.5, cpus=2)
     assert result["frames"] == 0, "both hung before the timing began"
     assert mp.active_children() == []

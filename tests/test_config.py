@@ -84,31 +84,39 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
 
 def test_an_option_value_that_does_not_reach_the_config_is_caught():
     """The check above can fail: a value overridden away from the option file's is reported."""
-    cfg = compose("server=process", "server.max_batch_size=7")
-    _, values = option_values("server", "process")
-    with pytest.raises(AssertionError, match="server.max_batch_size=7 but the option file sets 256"):
-        assert_values_reached(cfg.server, values, "server")
+    cfg = compose("workers=process", "workers.splits=7")
+    _, values = option_values("workers", "process")
+    with pytest.raises(AssertionError, match="workers.splits=7 but the option file sets 2"):
+        assert_values_reached(cfg.workers, values, "workers")
 
 
 BENCH_WORKLOADS = {
-    # workload: env id, env factory, encoder
-    "cartpole": ("CartPole-v1", "components.envs.GymEnvFactory", "mlp"),
-    "pong": ("ALE/Pong-v5", "components.envs.AtariEnvFactory", "nature_cnn"),
+    # workload: env factory, encoder
+    "cartpole": ("components.envs.GymEnvFactory", "mlp"),
+    "pong": ("components.envs.AtariEnvFactory", "nature_cnn"),
+    "frames": ("pipeline.bench.frames_env.FramesEnvFactory", "mlp"),
+    "waiting": ("pipeline.bench.waiting_env.WaitingEnvFactory", "mlp"),
 }
 
 
 @pytest.mark.parametrize("workload", sorted(BENCH_WORKLOADS))
-def test_every_bench_workload_composes(workload):
+def test_every_bench_workload_is_the_runners_config_of_its_overrides(workload):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from pipeline.bench.workload import config, env_factory
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("bench", overrides=[f"bench_workload={workload}"])
-    env_id, factory, encoder = BENCH_WORKLOADS[workload]
-    w = cfg.bench_workload
-    assert (w.name, w.env.id, w.env._target_, w.model.encoder) == (workload, env_id, factory, encoder)
     assert isinstance(cfg.num_envs, int) and cfg.num_envs >= 1 and cfg.repeats >= 1
-    assert_values_reached(w, option_values("bench_workload", workload)[1], "bench_workload")
+    w = OmegaConf.to_container(cfg.bench_workload)
+    assert set(w) == {"name", "overrides", "num_envs", "frames_per_batch"}, "a workload is a command's overrides"
+    run_cfg = config(w)
+    factory, encoder = BENCH_WORKLOADS[workload]
+    assert (run_cfg.env.factory._target_, run_cfg.model.encoder) == (factory, encoder)
+    assert (run_cfg.env.num_envs, run_cfg.trainer.frames_per_batch) == (w["num_envs"], w["frames_per_batch"])
+    validate(run_cfg, cuda_available=False)
+    assert callable(env_factory(w))
 
 
 def test_trainer_env_specialisations_apply_to_their_pair_only():

@@ -122,8 +122,7 @@ def test_bench_trials_and_bare_loops_are_pinned(tmp_path, monkeypatch):
 
     where = tmp_path / "pools"
     monkeypatch.setenv(REPORT_DIR_VAR, str(where))
-    workload = {"name": "cartpole", "env": {"_target_": "components.envs.GymEnvFactory", "id": "CartPole-v1"},
-                "model": {"_target_": "components.models.ActorCritic", "encoder": "mlp", "hidden": [8]},
+    workload = {"name": "cartpole", "overrides": ["env=cartpole", "model.hidden=[8]"], "num_envs": 4,
                 "frames_per_batch": 256, "device": "cpu"}
     for contender in ("bare_procs", "gym_sync"):
         got = run_trial({"contender": contender, "workload": workload, "num_envs": 4, "warmup": 0.1,

@@ -48,8 +48,6 @@ from components.ray.host import HostSpec, numpy_weights, remote_host_class
 
 __all__ = ["RayCollector", "RayHostsSpec", "split_envs"]
 _POLL_S = 0.25
-#: the most transitions a chunk is allowed below (smaller chunks spend the round trip on too little)
-MIN_CHUNK_TRANSITIONS = 64
 _SUMMED = ("requests", "batches", "rows", "weight_updates", "requests_per_s", "batches_per_s", "rows_per_s",
            "requests_total", "batches_total", "rows_total", "weight_updates_total", "frames_per_s",
            "non_finite_skipped")
@@ -64,19 +62,6 @@ def split_envs(num_envs: int, num_hosts: int) -> list[int]:
     """
     base, extra = divmod(num_envs, num_hosts)
     return [base + (1 if i < extra else 0) for i in range(num_hosts)]
-
-
-def auto_chunk_len(num_envs: int, num_hosts: int, frames_per_batch: int) -> int:
-    """Steps per chunk: at least ``MIN_CHUNK_TRANSITIONS`` from the smallest host, ``frames_per_batch // num_envs``
-    when larger (a round trip per host per batch), never more than a batch from the largest host.
-
-    Examples:
-        >>> auto_chunk_len(8, 2, 256), auto_chunk_len(64, 2, 4096), auto_chunk_len(2, 2, 64)
-        (32, 64, 64)
-    """
-    fewest, most = num_envs // num_hosts, -(-num_envs // num_hosts)
-    at_least = math.ceil(MIN_CHUNK_TRANSITIONS / fewest)
-    return max(1, min(max(at_least, frames_per_batch // num_envs), max(1, frames_per_batch // most)))
 
 
 class RayHostsSpec:

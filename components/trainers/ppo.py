@@ -52,7 +52,7 @@ class PPOConfig(RunBudget):
     max_grad_norm: float = 0.5
     norm_adv: bool = True
     target_kl: float | None = None
-    max_policy_lag: int = 2
+    max_policy_lag: int = 3  # as conf/trainer/ppo.yaml: one default, whichever way the trainer is built
     adam_eps: float = 1e-5
     #: divide rewards by the running std of discounted returns (gymnasium's NormalizeReward)
     reward_scale: bool = False

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent.parent / "conf")
+from pipeline import CONF_DIR
 
 
 def main() -> None:
     import hydra
 
-    @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
+    @hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
     def _task(cfg) -> None:  # type: ignore[no-untyped-def]
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf

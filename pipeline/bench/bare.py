@@ -50,21 +50,21 @@ def _loop(workload: dict[str, Any], rows: int, seed: int, index: int, counts: An
     from components.envs import probe_env_spec
     from components.lifecycle import become_child
     from components.threads import pin_pools, report_pools
-    from pipeline.bench.contenders import _actions, _engine, _factory
+    from pipeline.bench.workload import act, engine, env_factory
 
     become_child(parent_pid)
     pin_pools(1)  # one loop per CPU: a pool per CPU in each would spin against the others
-    factory = _factory(workload)
+    factory = env_factory(workload)
     envs = [factory() for _ in range(rows)]
-    engine = _engine(workload, probe_env_spec(factory))
+    policy = engine(workload, probe_env_spec(factory))
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     modes = np.zeros(rows, np.int8)
-    _actions(engine, obs, modes)  # the first call builds the engine's buffers
+    act(policy, obs, modes)  # the first call builds the engine's buffers
     report_pools(f"bare-{index}")
     ready.set()
     frames = 0
     while not stop.value:
-        actions = _actions(engine, obs, modes)
+        actions = act(policy, obs, modes)
         for i, env in enumerate(envs):
             observation, _, terminated, truncated, _ = env.step(actions[i])
             if terminated or truncated:

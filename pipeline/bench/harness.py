@@ -87,23 +87,15 @@ def min_costs(all_costs: list[Any]) -> Any:
                  max(c.copy_share for c in all_costs))
 
 
-def predicted_fps(contender: str, result: dict[str, Any], workload: dict[str, Any], num_envs: int,
-                  costs: Any) -> float | None:
-    """The layout model's frames/s for one of our contenders (None for the others)."""
-    from pipeline.bench.contenders import ours_graph
+def predicted_fps(contender: str, result: dict[str, Any], num_envs: int, costs: Any) -> float | None:
+    """The layout model's frames/s for the graph one of our trials built (None for the others, and Ray)."""
     from pipeline.layout import Layout, predict
 
-    if not contender.startswith("ours:") or contender == "ours:ray":
+    graph = result.get("graph")
+    if not contender.startswith("ours:") or not graph or graph.get("workers") == "ray":
         return None
-    if contender == "ours:auto":
-        graph = result.get("graph")
-        if not graph:
-            return None
-        layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"],
-                        concurrent=bool(graph.get("concurrent_envs")))
-    else:
-        g = ours_graph(contender, workload, num_envs, int(workload["frames_per_batch"]))
-        layout = Layout(g.workers, g.server, g.envs_per_worker, g.splits, concurrent=g.concurrent_envs)
+    layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"],
+                    concurrent=bool(graph.get("concurrent_envs")))
     return predict(layout, costs, num_envs).predicted_fps
 
 
@@ -256,10 +248,13 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
         if own:  # ours:auto: each trial probed and predicted its own run; their median against the median run
             entry["predicted"] = statistics.median(own)
         elif costs is not None and ok_runs:
-            entry["predicted"] = predicted_fps(contender, ok_runs[-1], workload, num_envs, costs)
+            entry["predicted"] = predicted_fps(contender, ok_runs[-1], num_envs, costs)
         choices = [t["choice"] for t in runs if t.get("choice")]
         if choices:
             entry["choice"] = choices[-1]
+        commands = [t["command"] for t in runs if t.get("command")]
+        if commands:
+            entry["command"] = commands[-1]
         summary.setdefault(contender, {})[num_envs] = entry
 
     # The machine limit: every CPU busy with env CPU time and inference at the largest batch
@@ -276,7 +271,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
                 if any(t.get("predicted_fps") for t in ok_runs):
                     continue  # ours:auto keeps its trials' own predictions
                 if ok_runs and entry.get("predicted") is not None:
-                    entry["predicted"] = predicted_fps(name, ok_runs[-1], workload, num_envs, costs)
+                    entry["predicted"] = predicted_fps(name, ok_runs[-1], num_envs, costs)
     if costs is not None:
         batch = min(main_envs, 256)
         limit["served_batch_size"] = batch
@@ -348,6 +343,10 @@ def format_report(report: dict[str, Any]) -> str:
             if len(by_n) > 1 and ok:
                 best = max(ok, key=ok.get)
                 lines.append(f"  {name:36s} {ok[best]:12,.0f} frames/s at {best} envs")
+    commands = [(name, by_n[main]["command"]) for name, by_n in summary.items() if by_n.get(main, {}).get("command")]
+    if commands:
+        lines += ["", f"the commands whose collectors ours measured ({main} envs; other counts change env.num_envs):"]
+        lines += [f"  {name}: {text}" for name, text in commands]
     lines += [f"note: {note}" for note in report["notes"]]
     return "\n".join(lines)
 

@@ -40,17 +40,13 @@ def _median_trial(report: dict[str, Any], key: str) -> float | None:
 
 def weights_cost(workload: dict[str, Any], repeats: int = 20) -> tuple[int, float]:
     """Bytes of the workload's policy weights and the median ``ray.put`` time of them (a local cluster)."""
-    from hydra.utils import instantiate
-
     from components.envs import probe_env_spec
-    from components.models import ModelSpec
     from components.ray.cluster import RayCluster, import_ray
     from components.ray.host import numpy_weights
+    from pipeline.bench.workload import env_factory, model_spec
 
-    model = dict(workload["model"])
-    spec = ModelSpec(str(model.pop("_target_")), model)
-    env_spec = probe_env_spec(instantiate(workload["env"]))
-    weights = numpy_weights(spec.build(env_spec).state_dict())
+    env_spec = probe_env_spec(env_factory(workload))
+    weights = numpy_weights(model_spec(workload).build(env_spec).state_dict())
     size = sum(v.nbytes for v in weights.values())
     cluster = RayCluster("local", num_cpus=1).connect()
     try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from components.ray.collector import MIN_CHUNK_TRANSITIONS, RayHostsSpec, auto_chunk_len
-from pipeline.plan import Plan
+from components.ray.collector import RayHostsSpec
+from pipeline.plan.resolve import Machine, Plan
+from pipeline.plan.rules import chunk_len as auto_chunk_len
 from pipeline.validate import ConfigError
 
 
@@ -32,11 +33,9 @@ def hosts_for(cfg: DictConfig, cluster_cpus: float) -> tuple[RayHostsSpec, list[
         if hosts > num_envs:
             raise ConfigError(f"ray.num_actors={hosts}: more env hosts than env.num_envs={num_envs}")
         why.append(f"{hosts}")
-    fewest = num_envs // hosts
+    fewest, most = num_envs // hosts, -(-num_envs // hosts)
     if r.chunk_len is None:
-        chunk_len = auto_chunk_len(num_envs, hosts, int(cfg.trainer.frames_per_batch))
-        chunk_why = (f"auto -> {chunk_len} steps per chunk: at least {MIN_CHUNK_TRANSITIONS} transitions "
-                     f"from the smallest host ({fewest} envs), frames_per_batch // num_envs when larger")
+        chunk_len, chunk_why = auto_chunk_len(num_envs, int(cfg.trainer.frames_per_batch), fewest, most)
     else:
         chunk_len = int(r.chunk_len)
         chunk_why = f"{chunk_len} steps per chunk"
@@ -88,3 +87,23 @@ def placement_lines(where: list[dict[str, Any]], nodes: list[Any]) -> list[str]:
         envs = ", ".join(f"host {h['host']} envs {h['envs'][0]}-{h['envs'][1]}" for h in hosts)
         out.append(f"  node {node[:8]} ({address.get(node, '?')}): {envs}")
     return out
+
+
+def connect_ray(cfg: DictConfig, plan: Plan, machine: Machine) -> tuple[Any, Plan, Any]:
+    """Reach the cluster ``ray.address`` names and plan the env hosts on it (a failure is one line)."""
+    from components.ray.cluster import RayCluster, RayUnavailable
+
+    r = cfg.ray
+    cluster = RayCluster(str(r.address), num_cpus=machine.cpus,
+                         runtime_env=OmegaConf.to_container(r.runtime_env, resolve=True) if r.runtime_env else None,
+                         object_store_memory=r.object_store_memory)
+    try:
+        cluster.connect()
+        plan, hosts = ray_plan(cfg, plan, cluster)
+    except RayUnavailable as err:
+        cluster.close()
+        raise ConfigError(str(err)) from None
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, plan, hosts

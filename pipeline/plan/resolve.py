@@ -17,14 +17,8 @@ from omegaconf import DictConfig
 
 from components.collector.graph import GraphSpec
 from components.inference.loop import ServerConfig
+import pipeline.plan.rules as rules
 from pipeline.validate import ConfigError
-
-#: Models the numpy serving engine has a copy of (with an MLP encoder).
-NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
-
-#: Fewest transitions per message that chunking=auto gives process workers:
-#: below that the driver's per-message work competes with training.
-AUTO_MIN_TRANSITIONS = 64
 
 
 @dataclass(frozen=True)
@@ -58,6 +52,8 @@ class Plan:
     reasons: tuple[tuple[str, str], ...] = field(default=())
     #: the first line of the printed plan when the envs are not in local workers (workers=ray)
     envs_line: str | None = None
+    #: transport=auto with measured costs: the chosen :class:`~pipeline.layout.Layout` and its prediction
+    layout: Any = None
 
     def reason(self, key: str) -> str:
         return dict(self.reasons).get(key, "")
@@ -71,50 +67,6 @@ class Plan:
 
     def __str__(self) -> str:
         return "\n".join(["plan:", *("  " + line for line in self.lines())])
-
-
-def _device(value: str, machine: Machine) -> tuple[str, str]:
-    if value == "auto":
-        if machine.cuda:
-            return "cuda", "auto -> cuda: a CUDA device is available"
-        return "cpu", "auto -> cpu: no CUDA device on this machine"
-    return value, value
-
-
-def auto_envs_per_worker(requested: int | None, num_envs: int, workers: str, cpus: int,
-                         server: str = "process") -> tuple[int, str]:
-    """How many envs one worker hosts, and why.
-
-    Thread workers share the GIL, so one worker steps them all and sends one
-    request. Process workers get one worker per CPU, minus one CPU for the
-    inference server: measured on 2 CPUs (Pong, 16 envs), one worker that
-    alternates two blocks of 8 ran 1.4x faster than two workers of 8, which
-    left a CPU idle whenever both waited for the server. With the policy
-    inline there is no server to leave a CPU to: one worker per CPU.
-    """
-    if requested is not None:
-        return min(int(requested), num_envs), f"{workers} workers of {min(int(requested), num_envs)} envs"
-    if workers == "thread":
-        return num_envs, f"auto -> one thread worker steps all {num_envs} envs (threads share the GIL)"
-    if server == "inline":
-        count = min(num_envs, max(1, cpus))
-        per_worker = math.ceil(num_envs / count)
-        return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
-                            "each with its own policy (server=inline)")
-    count = min(num_envs, max(1, cpus - 1))
-    per_worker = math.ceil(num_envs / count)
-    return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
-                        "one CPU left for inference")
-
-
-def worker_threads(server: str, server_threads: int) -> int:
-    """Threads of each process worker's pools: its policy copy's (``server.num_threads`` with server=inline), else one.
-
-    A worker that only steps envs has no use for a pool, and one per CPU in
-    every worker is what made 1,024 CartPole envs 4x slower than 256 (see
-    :mod:`components.threads`).
-    """
-    return int(server_threads) if server == "inline" else 1
 
 
 def thread_budget_text(cfg: DictConfig, graph: GraphSpec) -> str:
@@ -132,18 +84,9 @@ def thread_budget_text(cfg: DictConfig, graph: GraphSpec) -> str:
     return ", ".join(parts) + "; pinned in each process before numpy or torch loads"
 
 
-def _serving_engine(cfg: DictConfig, policy_device: str) -> tuple[str, str]:
-    """``server.engine`` resolved, and why (the numpy engine covers the built-in MLP networks on the CPU)."""
-    engine = str(cfg.server.engine)
-    if engine != "auto":
-        return engine, engine
-    builtin = str(cfg.model._target_) in NUMPY_MODELS
-    if policy_device == "cpu" and builtin and str(cfg.model.encoder) == "mlp":
-        return "numpy", ("auto -> numpy: a small MLP on the CPU (numpy serves a 64-row CartPole batch "
-                         "in ~54 us, torch in ~149 us)")
-    why = (f"the policy runs on {policy_device}" if policy_device != "cpu" else
-           f"encoder {cfg.model.encoder}" if builtin else f"{cfg.model._target_} has no numpy copy")
-    return "torch", f"auto -> torch: {why}"
+def serving_engine(cfg: DictConfig, policy_device: str) -> tuple[str, str]:
+    """:func:`rules.serving_engine` for ``cfg``."""
+    return rules.serving_engine(str(cfg.server.engine), str(cfg.model._target_), str(cfg.model.encoder), policy_device)
 
 
 def _frame_dedup(cfg: DictConfig, env_spec: Any) -> tuple[bool | None, str]:
@@ -215,7 +158,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     workers = str(cfg.workers.backend)
     transport = str(cfg.transport.kind)
     server = str(cfg.server.backend)
-    if workers == "ray":  # each env host is a thread worker with an inline policy copy (pipeline/ray_plan.py)
+    if workers == "ray":  # each env host is a thread worker with an inline policy copy (pipeline/plan/ray.py)
         workers, server = "thread", "inline"
     if workers == "auto" and (costs is None or transport != "auto" or server == "inline"):
         workers = "thread"  # nothing measured to choose by: the instant start
@@ -225,9 +168,9 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     if machine.note:
         reasons.append(("cpus", machine.note))
 
-    policy_device, policy_note = _device(str(cfg.device.policy_device), machine)
-    trainer_device, trainer_note = _device(str(cfg.device.trainer_device), machine)
-    storing_device, _ = _device(str(cfg.device.storing_device), machine)
+    policy_device, policy_note = rules.device(str(cfg.device.policy_device), machine.cuda)
+    trainer_device, trainer_note = rules.device(str(cfg.device.trainer_device), machine.cuda)
+    storing_device, _ = rules.device(str(cfg.device.storing_device), machine.cuda)
 
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     splits = int(cfg.workers.splits)
@@ -275,7 +218,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         reasons.insert(0, ("workers", f"auto (measured) -> {count} {workers} worker(s) of up to {per_worker} envs, "
                                       + blocks_text))
     else:
-        per_worker, why = auto_envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
+        per_worker, why = rules.envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
         if server == "inline" and not concurrent:
             reasons.insert(0, ("workers", f"{why}{splits_note or '; ' + blocks_text}"))
         else:
@@ -287,7 +230,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     if cfg.server.max_batch_size < min(per_worker, num_envs):
         passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
         split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
-    engine, engine_why = _serving_engine(cfg, policy_device)
+    engine, engine_why = serving_engine(cfg, policy_device)
     batching = (f"one forward per block of up to {min(per_worker, cfg.server.max_batch_size)} rows{split}"
                 if server == "inline" else
                 f"batches of {cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}")
@@ -299,16 +242,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     elif mode == "step":
         chunk_len, why = 1, "step: every step is a message"
     elif workers == "process":
-        # A quarter of each env's share of a batch: workers buffer one batch plus a chunk ahead, so
-        # a chunk as long as the batch would let them run two batches ahead (PPO's policy lag 2, which
-        # measurably slowed CartPole's learning); with a quarter it measured 1.3-1.5.
-        quarter = max(1, frames_per_batch // num_envs // 4)
-        at_least = math.ceil(AUTO_MIN_TRANSITIONS / per_worker)
-        at_most = max(1, frames_per_batch // per_worker)
-        chunk_len = min(max(at_least, quarter), at_most)
-        why = (f"auto -> {chunk_len} steps x {per_worker} envs per message: at least {AUTO_MIN_TRANSITIONS} "
-               f"transitions, a quarter of frames_per_batch // num_envs ({quarter} steps) when larger, "
-               "never above a batch")
+        chunk_len, why = rules.chunk_len(num_envs, frames_per_batch, per_worker)
     else:
         chunk_len, why = 1, "auto -> 1 step per message: thread workers have no process boundary to amortise"
     reasons.append(("chunking", why))
@@ -338,7 +272,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
         worker_nice=int(cfg.workers.nice) if workers == "process" else 0,
         concurrent_envs=concurrent,
-        worker_threads=worker_threads(server, int(cfg.server.num_threads)),
+        worker_threads=rules.worker_threads(server, int(cfg.server.num_threads)),
     )
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:
@@ -364,4 +298,4 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         static_batch_size=cfg.server.static_batch_size if policy_device.startswith("cuda") else None,
     )
     return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, storing_device=storing_device,
-                frame_dedup=dedup, reasons=tuple(reasons))
+                frame_dedup=dedup, reasons=tuple(reasons), layout=measured[0] if measured is not None else None)

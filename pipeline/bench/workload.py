@@ -1,0 +1,71 @@
+"""A benchmark workload as the runner sees it: the overrides of a ``python -m pipeline`` command.
+
+Every contender, ours and the hand-written baselines alike, gets its env
+factory and its network from the config those overrides compose to, so a
+baseline steps the envs a training run would step and runs the policy it
+would serve; ``ours:*`` contenders add their layout's overrides and go
+through the runner's own validation, probes and plan
+(:mod:`pipeline.bench.ours`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+
+def base_overrides(workload: dict[str, Any], num_envs: int) -> list[str]:
+    """The workload's command-line overrides at ``num_envs`` envs (the env, the model, the batch size)."""
+    out = [str(o) for o in workload.get("overrides", [])]
+    out += [f"env.num_envs={num_envs}", f"trainer.frames_per_batch={int(workload['frames_per_batch'])}"]
+    device = str(workload.get("device", "cpu"))
+    if device != "cpu":
+        out.append(f"device.policy_device={device}")
+    return out
+
+
+def command(overrides: list[str]) -> str:
+    """The command a user types for ``overrides`` (quoted for a POSIX shell)."""
+    return " ".join(["python -m pipeline", *(shlex.quote(o) for o in overrides)])
+
+
+@lru_cache(maxsize=8)
+def _config(overrides: tuple[str, ...]) -> Any:
+    from pipeline.plan.inputs import compose
+
+    return compose(list(overrides))
+
+
+def config(workload: dict[str, Any], num_envs: int | None = None) -> Any:
+    """The composed config of the workload (``num_envs``: its own count when None)."""
+    return _config(tuple(base_overrides(workload, int(num_envs or workload["num_envs"]))))
+
+
+def env_factory(workload: dict[str, Any]) -> Any:
+    """The env factory the workload's config builds (as the runner's ``build_env`` does)."""
+    from pipeline.plan.inputs import build_env
+
+    return build_env(config(workload))[0]
+
+
+def model_spec(workload: dict[str, Any]) -> Any:
+    from pipeline.collection import model_spec_for
+
+    return model_spec_for(config(workload))
+
+
+def engine(workload: dict[str, Any], env_spec: Any, device: str = "cpu") -> Any:
+    """The workload's network in the serving engine ``server.engine=auto`` picks for it on ``device``."""
+    from components.inference.serving import serving_engine
+
+    model = model_spec(workload).build(env_spec).to(device).eval()
+    return serving_engine(model, "auto", device, seed=0)
+
+
+def act(engine: Any, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:
+    """Actions of ``engine`` for a batch of observations, as numpy."""
+    action = engine.act({"observation": obs}, modes)["action"]
+    return action.numpy() if hasattr(action, "numpy") else action

@@ -1,0 +1,93 @@
+"""What the plan is decided from besides the config: the env's spec and the measured layout costs.
+
+The runner and the benchmark's ``ours:*`` contenders both call
+:func:`plan_config`, so a contender measures the graph the same command
+would train with (the same probes, the same rules, the same fallbacks).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.plan.resolve import Machine, Plan, resolve_plan, serving_engine
+from pipeline.plan.rules import device
+from pipeline.validate import ConfigError
+
+
+@dataclass(frozen=True)
+class PlannedConfig:
+    """A validated config's plan, with the env factory and spec it was planned for."""
+
+    plan: Plan
+    env_factory: Any
+    env_spec: Any
+    #: the measured layout costs the plan chose from (None: decided by rule)
+    costs: Any = None
+
+
+def build_env(cfg: DictConfig) -> tuple[Any, Any]:
+    """The env factory and the spec of one env it makes (an unknown id is a config error)."""
+    from hydra.utils import instantiate
+
+    from components.envs import EnvConfigError, probe_env_spec
+
+    try:
+        env_factory = instantiate(cfg.env.factory, _convert_="all")
+    except Exception as err:  # noqa: BLE001 - a user-given _target_ or argument
+        cause = err.__cause__ or err
+        raise ConfigError(f"env.factory: cannot build it: {type(cause).__name__}: "
+                          f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
+    try:
+        return env_factory, probe_env_spec(env_factory)
+    except EnvConfigError as err:
+        raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
+
+
+def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:
+    """What ``transport=auto`` chooses the layout from (:mod:`pipeline.layout`), probed in a few hundred ms.
+
+    None when nothing is left to choose (``server=inline`` or ``transport=slots``)
+    or the probe fails: the plan then falls back to its rule and says so.
+    """
+    if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
+        return None
+    from pipeline.layout_probes import probe_for_config
+
+    policy_device, _ = device(str(cfg.device.policy_device), machine.cuda)
+    trainer_device, _ = device(str(cfg.device.trainer_device), machine.cuda)
+    engine, _ = serving_engine(cfg, policy_device)
+    try:
+        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
+    except (ValueError, KeyError, TypeError):
+        return None  # a model this env cannot have: the learner's build says so in one line, next
+    except Exception as err:  # noqa: BLE001 - the rule still gives a working layout
+        print(f"warning: the layout probe failed ({type(err).__name__}: {err}); transport=auto falls back to its "
+              "rule", file=sys.stderr, flush=True)
+        return None
+
+
+def plan_config(cfg: DictConfig, machine: Machine) -> PlannedConfig:
+    """Build the env, probe the layout when ``auto`` asks for it, and resolve the plan (``cfg`` validated)."""
+    env_factory, env_spec = build_env(cfg)
+    costs = layout_costs(cfg, env_factory, env_spec, machine)
+    return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The config ``python -m pipeline *overrides`` runs with (Hydra's composition, presets included)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pipeline import CONF_DIR
+    from pipeline.schema import register
+
+    register()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
