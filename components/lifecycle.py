@@ -210,3 +210,17 @@ def take_shared_lock(lock: object, abandoned_after_s: float) -> None:
             lock.release()  # type: ignore[attr-defined]
         except (ValueError, RuntimeError):  # released meanwhile after all (mp, threading)
             pass
+
+
+def spawn_from_any_process() -> None:
+    """Make ``spawn`` children work from a process that another library started (a joblib job).
+
+    A spawned child re-applies its parent's global start method; in a
+    joblib (loky) worker that is ``loky``, which a plain child cannot find,
+    so every worker and server process would die at birth. The collector
+    asks for a ``spawn`` context explicitly anyway.
+    """
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        multiprocessing.set_start_method("spawn", force=True)

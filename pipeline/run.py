@@ -31,14 +31,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from components.collector.collector import CollectorError
-from components.lifecycle import name_semaphores_by_pid, sweep_stale_semaphores
+from components.lifecycle import name_semaphores_by_pid, spawn_from_any_process, sweep_stale_semaphores
 from components.metrics import MetricsLogger
-from components.models import ModelSpec
 from components.threads import pin_pools, report_pools
-from components.trainers.base import NonFiniteError, Trainer
+from components.trainers.base import NonFiniteError
 from pipeline.budgets import check_budgets
-from pipeline.collection import build_collector, model_spec_for
+from pipeline.collection import build_collector
 from pipeline.evaluation import EvaluationError, Evaluator
+from pipeline.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
 from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Machine, Plan
 from pipeline.plan.inputs import plan_config
@@ -54,78 +54,6 @@ from pipeline.sweep import cpu_share
 from pipeline.validate import ConfigError, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def spawn_from_any_process() -> None:
-    """Make ``spawn`` children work from a process that another library started (a joblib job).
-
-    A spawned child re-applies its parent's global start method; in a
-    joblib (loky) worker that is ``loky``, which a plain child cannot find,
-    so every worker and server process would die at birth. The collector
-    asks for a ``spawn`` context explicitly anyway.
-    """
-    import multiprocessing
-
-    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
-        multiprocessing.set_start_method("spawn", force=True)
-
-
-def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec, Trainer]:
-    """The model spec (what the server rebuilds) and the trainer owning the learner's copy.
-
-    The trainer comes from the trainer node's ``_target_`` (its other keys are
-    the hyper-parameters), so a new algorithm is a new config, not a branch here.
-    """
-    model_spec = model_spec_for(cfg)
-    if cfg.trainer.name == "dqn" and env_spec.action_kind != "discrete":
-        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has continuous actions; "
-                          "DQN needs discrete ones (use trainer=ppo)")
-    try:
-        model = model_spec.build(env_spec)
-    except (ValueError, KeyError) as err:
-        text = str(err).strip("'\"")
-        raise ConfigError(text if text.startswith("model.") else f"model.encoder={cfg.model.encoder!r}: {text}") from None
-    trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
-                          policy_version=int(cfg.collector.policy_version), _convert_="all")
-    if not isinstance(trainer, Trainer):
-        raise ConfigError(f"trainer._target_={cfg.trainer._target_!r}: not a Trainer "
-                          "(needs on_policy, policy_version, update, state_dict)")
-    return model_spec, trainer
-
-
-def post_collect_hook(cfg: DictConfig) -> Any:
-    """The callable ``collector.post_collect_hook`` names (None when unset)."""
-    path = cfg.collector.post_collect_hook
-    if path is None:
-        return None
-    from hydra.utils import get_method
-
-    try:
-        return get_method(str(path))
-    except Exception as err:  # noqa: BLE001 - any import problem is the user's path
-        raise ConfigError(f"collector.post_collect_hook={path!r}: not an importable callable "
-                          f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
-
-
-def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple[Any, Any]:
-    """The replay buffer and the n-step transform the writer applies (or None, None)."""
-    r = cfg.replay
-    if r.kind == "none":
-        return None, None
-    from components.replay.buffer import ReplayBuffer
-    from components.replay.frames import FrameStackStorage
-    from components.replay.nstep import NStepReturns
-    from components.replay.storage import TensorStorage
-
-    path = run_dir / "replay" if r.storage == "disk" else None
-    if plan.frame_dedup:
-        storage: Any = FrameStackStorage(int(r.capacity), path=path)
-    else:
-        storage = TensorStorage(int(r.capacity), device=plan.storing_device if path is None else "cpu", path=path)
-    updates = max(1, algo.total_frames // algo.frames_per_batch * algo.updates_per_batch)
-    buffer = ReplayBuffer(storage, sampler=str(r.kind), alpha=float(r.alpha), beta=float(r.beta),
-                          beta_steps=updates, eps=float(r.eps), max_policy_lag=r.max_policy_lag, seed=int(cfg.seed))
-    return buffer, NStepReturns(int(algo.n_step), float(algo.gamma))
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None,
@@ -366,13 +294,6 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     if code == EXIT_FAILED:
         print(f"error: {stop_reason.removeprefix('failed: ')}", file=sys.stderr, flush=True)
     return code
-
-
-def final_write_bytes(trainer: Trainer, cfg: DictConfig) -> int:
-    """What the last checkpoint may need on disk: model, optimiser moments, a target copy, replay bookkeeping."""
-    model = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
-    replay = 16 * int(cfg.replay.capacity) if cfg.replay.kind != "none" and cfg.replay.storage == "disk" else 0
-    return 4 * model + replay + (8 << 20)
 
 
 @contextlib.contextmanager

@@ -252,8 +252,8 @@ class RaySchema:
     resources: dict[str, float] = field(default_factory=dict)
     #: SPREAD (hosts on as many nodes as possible) or DEFAULT (Ray packs them)
     scheduling: str = "SPREAD"
-    #: env steps per chunk (null: the chunking=auto rule, pipeline/plan/rules.py: at least 64 transitions from
-    #: the smallest host, a quarter of frames_per_batch // num_envs when larger, never above a batch)
+    #: deprecated (a note says so): env steps per chunk; chunking=fixed chunking.size=N now says it for hosts too
+    #: (null: the chunking group decides, as for process workers)
     chunk_len: int | None = None
     #: chunk requests each host has outstanding (backpressure: more hides latency, adds policy lag)
     in_flight: int = 2

@@ -137,6 +137,9 @@ def _validate_ray(cfg: DictConfig) -> None:
     if _get(cfg, "ray.chunk_len") is not None:
         _check(cfg, "ray.chunk_len", lambda v: v >= 1, ">= 1 (or null: auto)")
     _check(cfg, "ray.in_flight", lambda v: v >= 1, ">= 1")
+    if _get(cfg, "chunking.chunks_per_worker") is not None:
+        raise ConfigError("chunking.chunks_per_worker: not used with workers=ray (ray.in_flight bounds the chunks "
+                          "each host has outstanding)")
     _check(cfg, "ray.start_timeout", lambda v: v > 0, "> 0 seconds")
     _one_of(cfg, "ray.local_workers", ("thread", "process"))
     _one_of(cfg, "ray.scheduling", ("SPREAD", "DEFAULT"))

@@ -19,7 +19,7 @@ GPU_MACHINE = Machine(cpus=8, cuda=True, cuda_count=1)
 
 OPTIONS = sorted(
     (group.name, option.stem)
-    for group in CONF_DIR.iterdir() if group.is_dir() and group.name not in ("experiment", "bench_workload", "specialize")
+    for group in CONF_DIR.iterdir() if group.is_dir() and group.name not in ("experiment", "bench", "specialize")
     for option in group.glob("*.yaml")
 )
 
@@ -106,7 +106,7 @@ def test_every_bench_workload_is_the_runners_config_of_its_overrides(workload):
 
     from pipeline.bench.workload import config, env_factory
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR / "bench"), version_base="1.3"):
         cfg = hydra_compose("bench", overrides=[f"bench_workload={workload}"])
     assert isinstance(cfg.num_envs, int) and cfg.num_envs >= 1 and cfg.repeats >= 1
     w = OmegaConf.to_container(cfg.bench_workload)

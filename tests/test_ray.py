@@ -80,10 +80,33 @@ def test_envs_split_over_hosts_and_the_spec_checks_its_values():
     ("ray.in_flight=0", "ray.in_flight"),
     ("ray.local_workers=fiber", "ray.local_workers"),
     ("collector.reset_at_each_iter=true", "not available with workers=ray"),
+    ("chunking.chunks_per_worker=3", "chunking.chunks_per_worker: not used with workers=ray"),
 ])
 def test_bad_ray_settings_are_one_line_config_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate(compose("workers=ray", override), cuda_available=False)
+
+
+@pytest.mark.parametrize("overrides, steps", [
+    ([], 16),  # auto, the process workers' rule: 64 transitions from 4 envs beat a quarter of 256 // 8
+    (["trainer.frames_per_batch=4096"], 128),  # auto: a quarter of each env's share of a batch
+    (["chunking=fixed", "chunking.size=7"], 7),
+    (["chunking=step"], 1),
+])
+def test_host_chunks_follow_the_chunking_group_as_process_workers_do(overrides, steps, capsys):
+    from pipeline.plan.ray import hosts_for
+
+    spec, _ = hosts_for(compose("workers=ray", *overrides), cluster_cpus=2)
+    assert (spec.num_hosts, spec.chunk_len) == (2, steps)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_old_ray_chunk_len_still_works_with_a_one_line_note(capsys):
+    from pipeline.plan.ray import CHUNK_LEN_DEPRECATED, hosts_for
+
+    spec, _ = hosts_for(compose("workers=ray", "ray.chunk_len=5", "chunking=fixed", "chunking.size=9"), cluster_cpus=2)
+    assert spec.chunk_len == 5
+    assert capsys.readouterr().err.strip() == CHUNK_LEN_DEPRECATED
 
 
 def test_without_the_extra_a_user_gets_one_line_saying_how_to_install_it(tmp_path):
@@ -261,3 +284,25 @@ def test_the_benchmark_measures_ours_ray_and_the_scaling_model_reads_its_report(
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and all(("hosts" in r) or ("driver" in r) or ("network" in r) for r in rows)
+
+
+def test_a_host_that_failed_to_start_says_why_not_that_it_was_killed():
+    """An exception in a host's __init__ (its envs, its code) is the cause, not "process killed or node lost"."""
+    import traceback
+
+    from ray import exceptions
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from components.collector.monitor import CollectorError
+    from components.ray.errors import describe_ray_error
+
+    try:
+        raise NameError("name 'FieldSpec' is not defined")
+    except NameError as err:
+        init_error = RayTaskError("EnvHost.__init__", traceback.format_exc(), err)
+    died = ActorDiedError(cause=init_error)
+    assert describe_ray_error(died, exceptions) == "its env host failed to start: NameError: name 'FieldSpec' is not defined"
+    assert describe_ray_error(ActorDiedError(), exceptions) == "its actor died (process killed or node lost)"
+    assert describe_ray_error(init_error, exceptions) == "NameError: name 'FieldSpec' is not defined"
+    wrapped = RayTaskError("EnvHost.collect", "tb", CollectorError("env worker 0 failed: boom\nmore"))
+    assert describe_ray_error(wrapped, exceptions, keep_whole=(CollectorError,)) == "env worker 0 failed: boom"

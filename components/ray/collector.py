@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,53 +43,13 @@ from components.inference.loop import ServerConfig
 from components.interaction import InteractionMode
 from components.models import ModelSpec
 from components.ray.cluster import RayCluster, import_ray
+from components.ray.errors import describe_ray_error
 from components.ray.host import HostSpec, numpy_weights, remote_host_class
+from components.ray.host_stats import combine_host_stats
+from components.ray.hosts_spec import RayHostsSpec, split_envs
 
 __all__ = ["RayCollector", "RayHostsSpec", "split_envs"]
 _POLL_S = 0.25
-_SUMMED = ("requests", "batches", "rows", "weight_updates", "requests_per_s", "batches_per_s", "rows_per_s",
-           "requests_total", "batches_total", "rows_total", "weight_updates_total", "frames_per_s",
-           "non_finite_skipped")
-
-
-def split_envs(num_envs: int, num_hosts: int) -> list[int]:
-    """Near-equal env counts per host, larger first.
-
-    Examples:
-        >>> split_envs(10, 4)
-        [3, 3, 2, 2]
-    """
-    base, extra = divmod(num_envs, num_hosts)
-    return [base + (1 if i < extra else 0) for i in range(num_hosts)]
-
-
-class RayHostsSpec:
-    """How many hosts, which envs each holds, chunk size, placement and backpressure."""
-
-    def __init__(self, num_envs: int, num_hosts: int, chunk_len: int, *, in_flight: int = 2,
-                 cpus_per_host: float = 1.0, resources: Mapping[str, float] | None = None,
-                 scheduling: str = "SPREAD", local_workers: str = "thread", start_timeout: float = 120.0) -> None:
-        if num_hosts < 1 or num_hosts > num_envs:
-            raise ValueError(f"the number of env hosts must be in [1, num_envs={num_envs}], got {num_hosts}")
-        if chunk_len < 1 or in_flight < 1:
-            raise ValueError("chunk_len and in_flight must be >= 1")
-        if local_workers not in ("thread", "process"):
-            raise ValueError(f"local_workers must be thread or process, got {local_workers!r}")
-        if scheduling not in ("SPREAD", "DEFAULT"):
-            raise ValueError(f"scheduling must be SPREAD or DEFAULT, got {scheduling!r}")
-        self.num_envs, self.num_hosts, self.chunk_len = num_envs, num_hosts, chunk_len
-        self.in_flight, self.cpus_per_host = in_flight, float(cpus_per_host)
-        self.resources = dict(resources or {})
-        self.scheduling, self.local_workers, self.start_timeout = scheduling, local_workers, float(start_timeout)
-        self.rows = split_envs(num_envs, num_hosts)
-
-    def first_envs(self) -> list[int]:
-        return [sum(self.rows[:i]) for i in range(self.num_hosts)]
-
-    def chunk_frames(self) -> list[int]:
-        return [self.chunk_len * r for r in self.rows]
-
-
 class _Host:
     """The driver's view of one host: its actor, the calls in flight, where it runs."""
 
@@ -291,17 +250,7 @@ class RayCollector(BatchStream):
 
     def _describe(self, host: _Host, err: BaseException) -> str:
         """``ray worker N on node X: cause`` in one line."""
-        ray_exc = self.ray.exceptions
-        if isinstance(err, ray_exc.RayTaskError):
-            cause = err.cause if getattr(err, "cause", None) is not None else err
-            text = str(cause).strip().splitlines()
-            what = f"{type(cause).__name__}: {text[-1]}" if not isinstance(cause, CollectorError) and text else \
-                (text[0] if text else type(cause).__name__)
-        elif isinstance(err, ray_exc.RayActorError):
-            what = "its actor died (process killed or node lost)"
-        else:
-            text = str(err).strip().splitlines()
-            what = f"{type(err).__name__}: {text[0] if text else ''}"
+        what = describe_ray_error(err, self.ray.exceptions, keep_whole=(CollectorError,))
         return f"ray worker {host.spec.index} on node {host.node_label} (pid {host.pid}): {what}"
 
     def _receive(self) -> None:
@@ -373,7 +322,8 @@ class RayCollector(BatchStream):
         host.refs.clear()
         with contextlib.suppress(Exception):
             self.ray.kill(host.actor, no_restart=True)
-        if self.max_restarts <= 0 or "could not build its envs" in message or "non-finite" in message:
+        if (self.max_restarts <= 0 or "could not build its envs" in message or "non-finite" in message
+                or "failed to start" in message):  # the same again would fail the same way
             raise CollectorError(message)
         now = time.monotonic()
         recent = [t for t in self._restart_times.get(i, []) if now - t < self.restart_window]
@@ -450,14 +400,14 @@ class RayCollector(BatchStream):
 
     def server_stats(self, reset: bool = True) -> dict[str, float]:
         """The hosts' inline inference statistics of their latest chunks: counts and rates summed, the rest averaged."""
-        return _combine([{k.removeprefix("server/"): v for k, v in h.stats.items() if k.startswith("server/")}
+        return combine_host_stats([{k.removeprefix("server/"): v for k, v in h.stats.items() if k.startswith("server/")}
                          for h in self._hosts if h.stats])
 
     def worker_stats(self) -> dict[str, Any]:
         """Per-node frames (``ray/node_frames/<node>``), hosts, requests in flight, restarts, hosts' time split."""
         if not self._hosts:
             return {}
-        out: dict[str, Any] = _combine([{k.removeprefix("worker/"): v for k, v in h.stats.items()
+        out: dict[str, Any] = combine_host_stats([{k.removeprefix("worker/"): v for k, v in h.stats.items()
                                          if k.startswith("worker/")} for h in self._hosts if h.stats])
         fracs = {name: out[f"{name}_frac"] for name in ("env", "infer_wait", "chunk_wait") if f"{name}_frac" in out}
         if fracs:
@@ -517,15 +467,3 @@ class RayCollector(BatchStream):
                 pass  # dead: its pending chunk requests say so
             except Exception as err:  # noqa: BLE001 - the host's own failure, in one line
                 raise CollectorError(self._describe(calls[ref], err)) from None
-
-
-def _combine(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Counts and rates summed over hosts, everything else averaged (NaN-free)."""
-    keys = {k for row in rows for k in row}
-    out = {}
-    for key in sorted(keys):
-        values = [row[key] for row in rows if key in row and not math.isnan(row[key])]
-        if values:
-            out[key] = float(sum(values)) if key in _SUMMED or key.endswith("_total") else \
-                float(sum(values) / len(values))
-    return out

@@ -18,7 +18,7 @@ from pipeline import CONF_DIR
 def main() -> None:
     import hydra
 
-    @hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
+    @hydra.main(config_path=str(CONF_DIR / "bench"), config_name="bench", version_base="1.3")
     def _task(cfg) -> None:  # type: ignore[no-untyped-def]
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf

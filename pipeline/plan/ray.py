@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from components.ray.collector import RayHostsSpec
+from components.ray.hosts_spec import RayHostsSpec
 from pipeline.plan.resolve import Machine, Plan
 from pipeline.plan.rules import chunk_len as auto_chunk_len
 from pipeline.validate import ConfigError
@@ -34,16 +34,32 @@ def hosts_for(cfg: DictConfig, cluster_cpus: float) -> tuple[RayHostsSpec, list[
             raise ConfigError(f"ray.num_actors={hosts}: more env hosts than env.num_envs={num_envs}")
         why.append(f"{hosts}")
     fewest, most = num_envs // hosts, -(-num_envs // hosts)
-    if r.chunk_len is None:
-        chunk_len, chunk_why = auto_chunk_len(num_envs, int(cfg.trainer.frames_per_batch), fewest, most)
-    else:
-        chunk_len = int(r.chunk_len)
-        chunk_why = f"{chunk_len} steps per chunk"
+    chunk_len, chunk_why = host_chunk_len(cfg, fewest, most)
     spec = RayHostsSpec(num_envs, hosts, chunk_len, in_flight=int(r.in_flight), cpus_per_host=per_host_cpus,
                         resources={str(k): float(v) for k, v in (r.resources or {}).items()},
                         scheduling=str(r.scheduling), local_workers=str(r.local_workers),
                         start_timeout=float(r.start_timeout))
     return spec, [why[0], chunk_why]
+
+
+#: the one-line note a run that still sets ``ray.chunk_len`` prints
+CHUNK_LEN_DEPRECATED = ("note: ray.chunk_len is deprecated and will be removed: chunking=fixed chunking.size=N says "
+                        "the same for Ray hosts and local workers alike")
+
+
+def host_chunk_len(cfg: DictConfig, fewest: int, most: int) -> tuple[int, str]:
+    """Steps per host chunk from ``chunking`` (as for process workers), or the deprecated ``ray.chunk_len``."""
+    import sys
+
+    if cfg.ray.chunk_len is not None:
+        print(CHUNK_LEN_DEPRECATED, file=sys.stderr, flush=True)
+        return int(cfg.ray.chunk_len), f"ray.chunk_len: {int(cfg.ray.chunk_len)} steps per chunk"
+    mode = str(cfg.chunking.mode)
+    if mode == "fixed":
+        return int(cfg.chunking.size), f"fixed: {cfg.chunking.size} steps per chunk"
+    if mode == "step":
+        return 1, "step: every step is a chunk (a round trip per step: slow)"
+    return auto_chunk_len(int(cfg.env.num_envs), int(cfg.trainer.frames_per_batch), fewest, most)
 
 
 def ray_plan(cfg: DictConfig, plan: Plan, cluster: Any) -> tuple[Plan, RayHostsSpec]:
