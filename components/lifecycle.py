@@ -13,6 +13,7 @@ dies (exception, Ctrl-C, SIGTERM, SIGKILL):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 PARENT_POLL_S = 0.25
 _PR_SET_PDEATHSIG = 1
@@ -70,12 +72,26 @@ def start_immune(process: object) -> None:
     for the moment of the fork (a signal in those microseconds is lost: press
     again).
     """
-    if not on_main_thread():  # signal dispositions can only be changed there
+    with children_ignore_signals():
         process.start()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def children_ignore_signals() -> Iterator[None]:
+    """Children started inside (``multiprocessing`` or ``subprocess``) ignore SIGINT and SIGTERM from birth.
+
+    For helpers that a Ctrl-C to the process group must not kill with a
+    traceback (the layout probes' bare interpreters as much as the
+    collector's workers): they end when their parent closes their pipes or
+    tells them to. Off the main thread (where dispositions cannot change)
+    this does nothing.
+    """
+    if not on_main_thread():
+        yield
         return
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        process.start()  # type: ignore[attr-defined]
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

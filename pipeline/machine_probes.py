@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from components.lifecycle import children_ignore_signals
+
 #: Bytes a probe copies or spreads its rows over, as a worker streams through its chunks: a frame this
 #: big is written out of the caches, as in a run (a 100 KB frame copied into a chunk took ~22 us on the
 #: 2-CPU machine against ~4 us into a buffer that stays cached).
@@ -77,9 +79,10 @@ def time_shared_copy(cpus: int, round_s: float = 0.05, rounds: int = 2, copier: 
     dst[:] = src
     per_copy = max(1e-6, time.perf_counter() - started)
     k = max(2, int(round_s / per_copy))
-    children = [subprocess.Popen([sys.executable, "-I", "-S", "-c", copier, str(STREAM_BYTES), str(k)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-                for _ in range(cpus - 1)]
+    with children_ignore_signals():  # a Ctrl-C is the runner's to handle: a copier ends when its stdin closes
+        children = [subprocess.Popen([sys.executable, "-I", "-S", "-c", copier, str(STREAM_BYTES), str(k)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+                    for _ in range(cpus - 1)]
 
     def copies() -> float:
         t = time.perf_counter()
@@ -144,8 +147,9 @@ def time_hop(rounds: int = 400) -> float:
 
     down_r, down_w = os.pipe()
     up_r, up_w = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _ECHO, str(down_r), str(up_w)],
-                             pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
+    with children_ignore_signals():  # a Ctrl-C is the runner's to handle: the echo ends when its pipe closes
+        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _ECHO, str(down_r), str(up_w)],
+                                 pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
     os.close(down_r)
     os.close(up_w)
     import select

@@ -271,3 +271,19 @@ def test_a_copier_that_hangs_or_dies_costs_the_probe_its_term_not_the_plan(monke
     assert machine_probes.time_shared_copy(2, round_s=0.01, copier=copier) == 1.0
     assert time.monotonic() - started < 10.0
     assert _copier_children() == []
+
+
+def test_the_probes_children_ignore_a_ctrl_c_to_the_group_and_end_with_their_pipes():
+    """A Ctrl-C during a probe is the runner's to report: the probe's bare interpreters print no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    from components.lifecycle import children_ignore_signals
+
+    program = "import signal\nprint(int(signal.getsignal(signal.SIGINT)), int(signal.getsignal(signal.SIGTERM)))\n"
+    with children_ignore_signals():
+        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", program], stdout=subprocess.PIPE, text=True)
+    out, _ = child.communicate(timeout=60)
+    assert out.split() == [str(int(signal.SIG_IGN))] * 2
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN, "the parent's own handlers are back"
