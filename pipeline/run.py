@@ -288,6 +288,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
             code = EXIT_INTERRUPTED
         elif lost and code == EXIT_OK:
             stop_reason, code = f"failed: could not {lost[0]}", EXIT_FAILED
+        if cluster is not None:  # before the last lines: Ray forwards its daemons' logs until disconnected
+            with _best_effort(lost, "disconnect from the Ray cluster"):
+                cluster.close()
     print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, mean return "
           f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
           + (f"; checkpoint {checkpoint}" if checkpoint else ""), flush=True)
