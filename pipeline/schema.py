@@ -255,7 +255,7 @@ class RaySchema:
     #: deprecated (a note says so): env steps per chunk; chunking=fixed chunking.size=N now says it for hosts too
     #: (null: the chunking group decides, as for process workers)
     chunk_len: int | None = None
-    #: chunk requests each host has outstanding (backpressure: more hides latency, adds policy lag)
+    #: most chunk requests a host has outstanding (fewer while one batch is made ahead: that bounds the policy lag)
     in_flight: int = 2
     #: how a host steps its envs: thread (one worker thread) or process (one worker process per CPU)
     local_workers: str = "thread"

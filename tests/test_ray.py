@@ -170,6 +170,9 @@ def test_cartpole_is_solved_with_env_hosts_on_both_nodes_of_a_cluster(two_nodes,
     assert sum(per_node.values()) >= last["frames"] - 2 * 2 * 64  # what was still in flight or unassembled
     versions = [r["collector/policy_version"] for r in rows if "collector/policy_version" in r]
     assert versions == sorted(versions) and versions[-1] > 10
+    # one batch made ahead at most (the requests are bounded): every request out ran two ahead, lag 2.0-2.1
+    lags = sorted(r["collector/policy_lag_mean"] for r in rows if "collector/policy_lag_mean" in r)
+    assert lags and lags[len(lags) // 2] < 1.85, lags
     deadline = time.monotonic() + 10
     while _ray_pids("ray::EnvHost") and time.monotonic() < deadline:
         time.sleep(0.2)

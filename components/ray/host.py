@@ -24,6 +24,10 @@ import numpy as np
 from components.collector.graph import GraphSpec
 
 
+#: chunk buffers of a host's local collector: one filled while the driver's request for the other travels
+LOCAL_CHUNKS = 2
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """What one host runs: its envs (global ids from ``first_env``), chunk size, local graph, timeouts."""
@@ -51,7 +55,8 @@ class HostSpec:
         else:
             per_worker = self.num_envs
         return GraphSpec(workers=self.local_workers, server="inline", num_envs=self.num_envs,
-                         envs_per_worker=per_worker, chunk_len=self.chunk_len, splits=1, chunks_per_worker=2)
+                         envs_per_worker=per_worker, chunk_len=self.chunk_len, splits=1,
+                         chunks_per_worker=LOCAL_CHUNKS)
 
 
 def numpy_weights(state: Any) -> dict[str, np.ndarray]:

@@ -75,7 +75,7 @@ def ray_plan(cfg: DictConfig, plan: Plan, cluster: Any) -> tuple[Plan, RayHostsS
         "threads": f"driver {int(cfg.torch_threads)} (torch_threads: trainer), each env host 1 (its envs and policy "
                    "copy in turn), metric sinks 1; pinned in each process",
         "transport": f"Ray object refs: {chunk_why} ({', '.join(str(f) for f in spec.chunk_frames())} transitions), "
-                     f"{spec.in_flight} chunk request(s) in flight per host; weights: one ray.put per update",
+                     f"1-{spec.in_flight} chunk request(s) in flight per host (one batch made ahead at most); weights: one ray.put per update",
     }
     reasons = []
     for key, value in plan.reasons:
