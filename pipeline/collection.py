@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from components.collector.protocol import Collector
 from components.models import ModelSpec
 from pipeline.plan.resolve import Plan
 
@@ -31,7 +32,7 @@ def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any
                     replay_buffer: Any = None, postproc: Any = None, post_collect_hook: Any = None,
                     skip_non_finite: bool = False, ray_hosts: tuple[Any, Any] = (None, None),
                     on_start: Callable[[list[dict[str, Any]]], None] | None = None,
-                    frames_per_batch: int | None = None) -> Any:
+                    frames_per_batch: int | None = None) -> Collector:
     """The collector ``plan`` describes (``ray_hosts``: the cluster and hosts' spec of ``workers=ray``)."""
     c = cfg.collector
     common: dict[str, Any] = dict(

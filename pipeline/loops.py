@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from components.collector.collector import AsyncBatchedCollector, CollectorError
+from components.collector.failures import CollectorError
+from components.collector.protocol import Collector
 from components.episodes import EpisodeTracker
 from components.metrics import MetricsLogger
 from components.trainers.base import Trainer
@@ -58,7 +59,7 @@ class _Progress:
 class Reporter:
     """Progress, periodic metric rows and the stopping rule of one run."""
 
-    def __init__(self, collector: AsyncBatchedCollector, logger: MetricsLogger, *, total_frames: int,
+    def __init__(self, collector: Collector, logger: MetricsLogger, *, total_frames: int,
                  window: int, target_return: float | None, progress: bool, replay: Any = None,
                  start_frames: int = 0, elapsed: float = 0.0) -> None:
         self.collector, self.logger, self.replay = collector, logger, replay
@@ -228,7 +229,7 @@ class Checkpointer:
         self.saved += 1
 
 
-def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: Reporter) -> str:
+def run_on_policy(collector: Collector, trainer: Trainer, reporter: Reporter) -> str:
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
     collector.start()
     sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False))
@@ -255,7 +256,7 @@ def run_on_policy(collector: AsyncBatchedCollector, trainer: Trainer, reporter: 
             return "target_return"
 
 
-def run_off_policy(collector: AsyncBatchedCollector, trainer: Trainer, buffer: Any, reporter: Reporter,
+def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter: Reporter,
                    max_batches_ahead: int = 2) -> str:
     """DQN: the collector's writer fills replay in the background; the trainer
     learns from the buffer once per collected batch (``trainer.update``).

@@ -30,7 +30,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from components.collector.collector import CollectorError
+from components.collector.failures import CollectorError
 from components.lifecycle import name_semaphores_by_pid, spawn_from_any_process, sweep_stale_semaphores
 from components.metrics import MetricsLogger
 from components.threads import pin_pools, report_pools

@@ -86,7 +86,6 @@ def _each_command_plans_the_graph_its_trial_measured(report: dict, table: str) -
 
     from pipeline.layout import Costs
     from pipeline.plan import resolve_plan
-    from pipeline.plan.inputs import compose
 
     ours = [t for t in report["trials"] if t["contender"].startswith("ours:")]
     assert ours

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -296,16 +297,20 @@ def test_a_host_that_failed_to_start_says_why_not_that_it_was_killed():
     from ray import exceptions
     from ray.exceptions import ActorDiedError, RayTaskError
 
-    from components.collector.monitor import CollectorError
-    from components.ray.errors import describe_ray_error
+    from components.collector.failures import CollectorError, Failure, FailureKind
+    from components.ray.errors import ray_failure
 
     try:
         raise NameError("name 'FieldSpec' is not defined")
     except NameError as err:
         init_error = RayTaskError("EnvHost.__init__", traceback.format_exc(), err)
     died = ActorDiedError(cause=init_error)
-    assert describe_ray_error(died, exceptions) == "its env host failed to start: NameError: name 'FieldSpec' is not defined"
-    assert describe_ray_error(ActorDiedError(), exceptions) == "its actor died (process killed or node lost)"
-    assert describe_ray_error(init_error, exceptions) == "NameError: name 'FieldSpec' is not defined"
-    wrapped = RayTaskError("EnvHost.collect", "tb", CollectorError("env worker 0 failed: boom\nmore"))
-    assert describe_ray_error(wrapped, exceptions, keep_whole=(CollectorError,)) == "env worker 0 failed: boom"
+    assert ray_failure(died, exceptions) == Failure(
+        "its env host failed to start: NameError: name 'FieldSpec' is not defined", FailureKind.BUILD)
+    assert ray_failure(ActorDiedError(), exceptions) == Failure("its actor died (process killed or node lost)")
+    assert ray_failure(init_error, exceptions) == Failure("NameError: name 'FieldSpec' is not defined")
+    # a host's own collector error keeps its line and its kind, through the pickling Ray does
+    wrapped = RayTaskError("EnvHost.collect", "tb", pickle.loads(pickle.dumps(
+        CollectorError("env worker 0 failed: env 3 returned a non-finite reward nan\nmore", FailureKind.NON_FINITE))))
+    assert ray_failure(wrapped, exceptions) == Failure("env worker 0 failed: env 3 returned a non-finite reward nan",
+                                                       FailureKind.NON_FINITE)

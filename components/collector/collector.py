@@ -25,8 +25,9 @@ import torch
 
 from components.collector.assembly import BatchAssembler, nest
 from components.collector.chunks import ChunkPool
+from components.collector.failures import CollectorError
 from components.collector.graph import GraphSpec
-from components.collector.monitor import CollectorError, GraphMonitor
+from components.collector.monitor import GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
 from components.collector.restarts import WorkerRestarts
 from components.collector.worker import transition_fields

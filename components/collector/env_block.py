@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from components.collector.failures import NonFiniteStep
 from components.collector.spec_checks import (
     FAST_FLAGS,
     FAST_REWARDS,
@@ -307,7 +308,7 @@ class EnvBlock:
                 what = "observation with NaN/inf values"
             else:
                 continue
-            raise ValueError(f"env {int(self.env_ids[i])} returned a non-finite {what} at its step "
+            raise NonFiniteStep(f"env {int(self.env_ids[i])} returned a non-finite {what} at its step "
                              f"{int(self.env_step[i]) + 1}")
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from components.collector.chunks import ChunkWriter
+from components.collector.failures import NonFiniteStep
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 
 #: How long the main thread blocks for a returning env before it re-checks stop and pause.
@@ -48,7 +49,8 @@ class EnvFailed(Exception):
     """An env's step raised in its thread; raised again by the worker's main thread, naming the env."""
 
     def __init__(self, env: int, error: BaseException) -> None:
-        super().__init__(f"env {env} raised {type(error).__name__}: {error}")
+        # a non-finite step's line names the env already
+        super().__init__(str(error) if isinstance(error, NonFiniteStep) else f"env {env} raised {type(error).__name__}: {error}")
         self.env, self.error = env, error
 
 

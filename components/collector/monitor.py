@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from components.collector.failures import CollectorError, Failure
 from components.collector.worker_control import ACTIVITIES, EXITED, FAILED, RUNNING, STEPPING, TIMING, WorkerControl
 
 #: A worker whose env steps/s over an interval is below this fraction of the median of the others' is slow.
@@ -83,10 +84,6 @@ def process_state(pid: int | None) -> str:
     return " (its process was stopped: SIGSTOP, a debugger or job control)" if state in ("T", "t") else ""
 
 
-class CollectorError(RuntimeError):
-    """A worker or the server failed, or collection stalled; the message names which and why."""
-
-
 class GraphMonitor:
     """Health checks, the stall watchdog and worker timing of one collector."""
 
@@ -98,7 +95,7 @@ class GraphMonitor:
         self.stall_timeout = stall_timeout
         self.step_timeout = step_timeout
         self.server_step_timeout = server_step_timeout
-        #: ``(worker, cause) -> bool``: replace a dead worker (True) or let the run fail (False)
+        #: ``(worker, failure) -> bool``: replace a dead worker (True) or let the run fail (False)
         self.restart: Any = None
         #: ``(cause) -> bool``: replace a dead server (and with it every worker) or let the run fail
         self.restart_server: Any = None
@@ -164,15 +161,16 @@ class GraphMonitor:
         status = self.control.status
         for w in range(len(self.env_ids)):
             if status[w] == FAILED:
-                self._worker_down(w, self.control.error(w))
+                self._worker_down(w, self.control.failure(w))
             elif not self.workers.alive(w) and status[w] != EXITED:
-                self._worker_down(w, f"env worker {w} stopped unexpectedly: {self.workers.exit_description(w)}")
+                self._worker_down(w, Failure(f"env worker {w} stopped unexpectedly: "
+                                             f"{self.workers.exit_description(w)}"))
         if self.step_timeout is not None:
             self._check_hangs()
 
-    def _worker_down(self, worker: int, cause: str) -> None:
-        if self.restart is None or not self.restart(worker, cause):
-            raise CollectorError(cause)
+    def _worker_down(self, worker: int, failure: Failure) -> None:
+        if self.restart is None or not self.restart(worker, failure):
+            raise CollectorError(failure.message, failure.kind)
 
     def _check_server_hang(self) -> bool:
         """A server silent for ``server_step_timeout`` while requests wait is hung: restart it (a process) or fail.
@@ -238,7 +236,7 @@ class GraphMonitor:
                 raise CollectorError(f"{cause}; a thread cannot be killed, so the run stops "
                                      "(use workers=process to contain hangs)")
             self.workers.kill(w)
-            self._worker_down(w, f"{cause}; its process was killed (pid {pid})")
+            self._worker_down(w, Failure(f"{cause}; its process was killed (pid {pid})"))
 
     def wait_for(self, state: int, timeout: float) -> None:
         """Block until every worker is ``RUNNING`` (built its envs) or ``PAUSED`` (parked), or exited.

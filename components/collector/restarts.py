@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from components.collector.monitor import CollectorError
+from components.collector.failures import CollectorError, Failure, RestartBudget
 from components.collector.pools import WorkerAssignment
 from components.collector.worker_control import BUILDING, STARTING, TIMING
 from components.envs import env_seeds
@@ -34,35 +34,30 @@ class WorkerRestarts:
     """Replaces dead workers (``restarts(worker, cause) -> bool``) and a dead server (:meth:`restart_server`)."""
 
     def __init__(self, collector: Any, max_restarts: int, window: float, server_restarts: int = 0) -> None:
-        self.collector, self.max_restarts, self.window = collector, max_restarts, window
+        self.collector, self.max_restarts = collector, max_restarts
+        self.budget = RestartBudget(max_restarts, window)
         self.max_server_restarts = server_restarts
-        self.count = 0  # worker restarts after a crash or hang
         self.server_count = 0
         #: ``*_total`` server counters of the servers that died, added to the live one's
         self.server_totals: dict[str, float] = {}
         self._launches = 0  # every relaunch draws new env seeds
-        self._times: dict[int, list[float]] = {}
 
     @property
     def may_relaunch_workers(self) -> bool:
         return self.max_restarts > 0 or self.max_server_restarts > 0
 
-    def __call__(self, w: int, cause: str) -> bool:
-        c = self.collector
-        now = time.monotonic()
-        recent = [t for t in self._times.get(w, []) if now - t < self.window]
-        if "could not build its envs" in cause or "returned a non-finite" in cause:
-            return False  # fresh envs would fail the same way; a NaN is a bug to see, not to retry
-        if len(recent) >= self.max_restarts:
-            raise CollectorError(f"{cause} (after {len(recent)} restart(s) within {self.window:g} s; "
-                                 f"workers.max_restarts={self.max_restarts})")
-        if not c.workers.retire(w):
-            return False
-        self.count += 1
+    @property
+    def count(self) -> int:
+        """Worker restarts after a crash or hang, over the run."""
+        return self.budget.count
+
+    def __call__(self, w: int, failure: Failure) -> bool:
+        nth = self.budget.admit(w, failure)  # raises when fresh envs would fail the same way, or past the budget
+        if not self.collector.workers.retire(w):
+            return False  # a thread still running: the run ends with the failure
         ids = self._relaunch(w)
-        self._times[w] = [*recent, now]
         print(f"warning: env worker {w} (envs {ids[0]}-{ids[-1]}) restarted with fresh envs "
-              f"({len(recent) + 1}/{self.max_restarts} within {self.window:g} s): {cause}", file=sys.stderr,
+              f"({nth}/{self.max_restarts} within {self.budget.window:g} s): {failure.message}", file=sys.stderr,
               flush=True)
         return True
 

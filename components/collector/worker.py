@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from components.collector.chunks import ChunkWriter
+from components.collector.failures import FailureKind, NonFiniteStep
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.procname import set_name
 from components.threads import report_pools
@@ -64,7 +65,7 @@ def run_worker(
     try:
         blocks = make_blocks()
     except BaseException as exc:  # noqa: BLE001 - reported, then re-raised to end the worker
-        control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}")
+        control.fail(worker, f"env worker {worker} could not build its envs: {exc!r}", FailureKind.BUILD)
         raise
     if multiprocessing.parent_process() is not None:  # a process worker (a thread worker has the driver's pools)
         report_pools(f"env-worker-{worker}")
@@ -87,10 +88,12 @@ def run_worker(
         if not control.stop[worker]:
             from components.collector.env_threads import EnvFailed
 
-            detail = (str(exc) if isinstance(exc, EnvFailed)  # already names which of the worker's envs raised
+            cause = exc.error if isinstance(exc, EnvFailed) else exc
+            detail = (str(exc) if isinstance(exc, (EnvFailed, NonFiniteStep))  # already name the env that raised
                       else traceback.format_exception_only(type(exc), exc)[-1].strip())
+            kind = FailureKind.NON_FINITE if isinstance(cause, NonFiniteStep) else FailureKind.CRASH
             ids = np.concatenate([b.env_ids for b in blocks])
-            control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}")
+            control.fail(worker, f"env worker {worker} (envs {ids.min()}-{ids.max()}) failed: {detail}", kind)
             raise
         control.status[worker] = EXITED
     finally:

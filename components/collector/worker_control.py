@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.collector.chunks import ChunkWriter
+from components.collector.failures import Failure, FailureKind
 from components.shm import FieldSpec, SharedArena
 
 _WAIT_S = 0.05
@@ -52,6 +53,7 @@ class WorkerControl:
             FieldSpec("paused", (num_workers,), "int8"),
             FieldSpec("status", (num_workers,), "int8"),
             FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
+            FieldSpec("failure_kind", (num_workers,), "int8"),
             FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
             FieldSpec("activity", (num_workers,), "int8"),
             # when the env step in progress began (the step watchdog's clock)
@@ -83,16 +85,19 @@ class WorkerControl:
         self.progress[worker] = time.monotonic()
         self.beats[worker] += 1
 
-    def fail(self, worker: int, message: str) -> None:
+    def fail(self, worker: int, message: str, kind: FailureKind = FailureKind.CRASH) -> None:
         data = message.encode("utf-8", "replace")[: _ERROR_BYTES - 1]
         err = self._arena.array("error")
         err[worker, :] = 0
         err[worker, : len(data)] = np.frombuffer(data, np.uint8)
+        self._arena.array("failure_kind")[worker] = int(kind)
         self.status[worker] = FAILED
 
-    def error(self, worker: int) -> str:
+    def failure(self, worker: int) -> Failure:
+        """What worker ``worker`` said when it failed, and of which kind."""
         raw = bytes(self._arena.array("error")[worker])
-        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return Failure(raw.split(b"\0", 1)[0].decode("utf-8", "replace"),
+                       FailureKind(int(self._arena.array("failure_kind")[worker])))
 
 
 class Stopped(Exception):

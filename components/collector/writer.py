@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from components.collector.monitor import CollectorError
+from components.collector.failures import CollectorError
 from components.lifecycle import set_affinity
 
 

@@ -37,14 +37,14 @@ import numpy as np
 import torch
 
 from components.collector.assembly import nest
-from components.collector.monitor import CollectorError
+from components.collector.failures import CollectorError, Failure, RestartBudget
 from components.collector.stream import BatchStream
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.loop import ServerConfig
 from components.interaction import InteractionMode
 from components.models import ModelSpec
 from components.ray.cluster import RayCluster, import_ray
-from components.ray.errors import describe_ray_error
+from components.ray.errors import ray_failure
 from components.ray.host import LOCAL_CHUNKS, HostSpec, numpy_weights, remote_host_class
 from components.ray.host_stats import combine_host_stats
 from components.ray.hosts_spec import RayHostsSpec, split_envs
@@ -138,8 +138,7 @@ class RayCollector(BatchStream):
         self._broadcast_s: list[float] = []
         self._mark = (0.0, 0)  # (driver CPU, frames) at the last worker_stats read
         self._lock = threading.RLock()  # the replay writer receives while the trainer publishes or pauses
-        self._restart_times: dict[int, list[float]] = {}
-        self.restarts = 0
+        self._budget = RestartBudget(max_restarts, restart_window)
         self._launches = 0
         self.node_frames: dict[str, int] = {}
         self._remote_cls = remote_host_class(self.ray)
@@ -182,7 +181,8 @@ class RayCollector(BatchStream):
                 try:
                     where = self.ray.get(ref)
                 except Exception as err:  # noqa: BLE001 - any failure of a host's build is the run's error
-                    raise CollectorError(self._describe(host, err)) from None
+                    failure = self._describe(host, err)
+                    raise CollectorError(failure.message, failure.kind) from None
                 host.node, host.pid = str(where["node_id"]), int(where["pid"])
                 host.node_label = host.node[:8]
             if waiting and time.monotonic() > deadline:
@@ -273,10 +273,16 @@ class RayCollector(BatchStream):
                     ahead += host.spec.chunk_frames
                     asked = True
 
-    def _describe(self, host: _Host, err: BaseException) -> str:
-        """``ray worker N on node X: cause`` in one line."""
-        what = describe_ray_error(err, self.ray.exceptions, keep_whole=(CollectorError,))
-        return f"ray worker {host.spec.index} on node {host.node_label} (pid {host.pid}): {what}"
+    def _describe(self, host: _Host, err: BaseException) -> Failure:
+        """``ray worker N on node X: cause`` in one line, and the cause's kind."""
+        what = ray_failure(err, self.ray.exceptions)
+        return Failure(f"ray worker {host.spec.index} on node {host.node_label} (pid {host.pid}): {what.message}",
+                       what.kind)
+
+    @property
+    def restarts(self) -> int:
+        """Hosts replaced after a crash, over the run."""
+        return self._budget.count
 
     def _receive(self) -> None:
         """Take in whatever finished within a poll; fail or restart hosts that broke; check for a stall."""
@@ -341,24 +347,15 @@ class RayCollector(BatchStream):
 
     def _host_failed(self, i: int, err: BaseException) -> None:
         host = self._hosts[i]
-        message = self._describe(host, err)
+        failure = self._describe(host, err)
         for ref in host.refs:
             self._owner.pop(ref, None)
         host.refs.clear()
         with contextlib.suppress(Exception):
             self.ray.kill(host.actor, no_restart=True)
-        if (self.max_restarts <= 0 or "could not build its envs" in message or "non-finite" in message
-                or "failed to start" in message):  # the same again would fail the same way
-            raise CollectorError(message)
-        now = time.monotonic()
-        recent = [t for t in self._restart_times.get(i, []) if now - t < self.restart_window]
-        if len(recent) >= self.max_restarts:
-            raise CollectorError(f"{message} (after {len(recent)} restart(s) within {self.restart_window:g} s; "
-                                 f"workers.max_restarts={self.max_restarts})")
-        self._restart_times[i] = [*recent, now]
-        self.restarts += 1
+        nth = self._budget.admit(i, failure)  # raises when the same again would fail the same way, or past it
         self._launches += 1
-        print(f"warning: {message}; restarting it with fresh envs (restart {len(recent) + 1} of "
+        print(f"warning: {failure.message}; restarting it with fresh envs (restart {nth} of "
               f"{self.max_restarts} within {self.restart_window:g} s)", flush=True)
         fresh = self._launch(i, self._launches)
         fresh.step_offset = host.last_step + 2 if host.last_step >= 0 else 0
@@ -491,4 +488,5 @@ class RayCollector(BatchStream):
             except self.ray.exceptions.RayActorError:
                 pass  # dead: its pending chunk requests say so
             except Exception as err:  # noqa: BLE001 - the host's own failure, in one line
-                raise CollectorError(self._describe(calls[ref], err)) from None
+                failure = self._describe(calls[ref], err)
+                raise CollectorError(failure.message, failure.kind) from None

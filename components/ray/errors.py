@@ -11,27 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.collector.failures import CollectorError, Failure, FailureKind
+
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
-def describe_ray_error(err: BaseException, exceptions: Any, keep_whole: tuple[type, ...] = ()) -> str:
-    """One line for ``err`` raised by a Ray call (``exceptions``: ``ray.exceptions``).
+def ray_failure(err: BaseException, exceptions: Any) -> Failure:
+    """One line for ``err`` raised by a Ray call (``exceptions``: ``ray.exceptions``), and its kind.
 
-    ``keep_whole``: exception types whose message is already one line for a
-    user (the collector's own errors): their first line is kept as it is.
+    A host's own collector error (an env crash, a hang, a NaN) keeps its
+    line and kind; a host that could not start is ``BUILD`` (starting it
+    again would fail the same way); a dead actor and anything else is a
+    ``CRASH``.
     """
     if isinstance(err, exceptions.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         text = str(cause).strip().splitlines()
-        if isinstance(cause, keep_whole):
-            return text[0] if text else type(cause).__name__
-        return f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__
+        if isinstance(cause, CollectorError):
+            return Failure(text[0] if text else type(cause).__name__, cause.kind)
+        return Failure(f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)
     if isinstance(err, exceptions.RayActorError):
         if getattr(err, "actor_init_failed", False):
-            return f"its env host failed to start: {_last_line(str(err)) or type(err).__name__}"
-        return "its actor died (process killed or node lost)"
+            return Failure(f"its env host failed to start: {_last_line(str(err)) or type(err).__name__}",
+                           FailureKind.BUILD)
+        return Failure("its actor died (process killed or node lost)")
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
+    return Failure(f"{type(err).__name__}: {text[0] if text else ''}")
