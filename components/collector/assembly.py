@@ -3,12 +3,14 @@
 :class:`BatchAssembler` builds dense batches of exactly ``n`` transitions
 from whole chunks (one copy per field; a run of full-width chunks is one
 gather), splitting a chunk only where a batch ends and carrying its rest, in
-order, into the next batch. :class:`TrajectoryAssembler` regroups such
+order, into the next batch; :class:`ChunkQueue` does the same for chunks
+held as numpy fields in the driver (from Ray hosts). :class:`TrajectoryAssembler` regroups such
 batches into whole finished trajectories for trainers that want episodes.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -78,6 +80,48 @@ class BatchAssembler:
     def _whole(self, segment: tuple[int, int, int]) -> bool:
         gid, start, take = segment
         return start == 0 and take == self._pool.frames_in(gid) and self._pool.full_width(gid)
+
+
+class ChunkQueue:
+    """Exact batches out of chunks that arrive as flat numpy fields (a Ray host's answers), in arrival order.
+
+    The counterpart of :class:`BatchAssembler` for chunks that live in the
+    driver's memory, not in a shared pool: a chunk is split only where a
+    batch ends and its rest opens the next batch.
+
+    Examples:
+        >>> q = ChunkQueue()
+        >>> q.append({"x": np.arange(3)}); q.append({"x": np.arange(3, 6)})
+        >>> q.take(4)["x"].tolist(), q.frames
+        ([0, 1, 2, 3], 2)
+    """
+
+    def __init__(self) -> None:
+        self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
+        self.frames = 0
+
+    def append(self, fields: dict[str, np.ndarray]) -> None:
+        self._chunks.append(fields)
+        self.frames += len(next(iter(fields.values())))
+
+    def take(self, n: int) -> dict[str, torch.Tensor]:
+        """Flat field tensors of the next ``n`` transitions (``n`` <= :attr:`frames`)."""
+        if n > self.frames:
+            raise ValueError(f"{n} transitions asked of a queue holding {self.frames}")
+        parts, taken = [], 0
+        while taken < n:
+            chunk = self._chunks[0]
+            size = len(next(iter(chunk.values())))
+            want = n - taken
+            if size <= want:
+                parts.append(self._chunks.popleft())
+                taken += size
+            else:  # the rest of this chunk opens the next batch, in order
+                parts.append({k: v[:want] for k, v in chunk.items()})
+                self._chunks[0] = {k: v[want:] for k, v in chunk.items()}
+                taken += want
+        self.frames -= n
+        return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
 
 class TrajectoryAssembler:
