@@ -45,6 +45,19 @@ def _main() -> None:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
+    if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+        from pipeline.help import help_text
+
+        try:
+            print(help_text([a for a in sys.argv[1:] if not a.startswith("-")]))
+        except Exception as err:  # noqa: BLE001 - a composing error is one line, as for a run
+            line = composition_error(err)
+            if line is None:
+                raise
+            print(f"config error: {line}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        sys.exit(0)
+
     import os
 
     import hydra

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import CONF_DIR
+from pipeline.help import option_summary
 
 #: env= option -> the gymnasium modules its envs come from
 FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",),
@@ -24,14 +25,7 @@ FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoc
 
 def _summary(path: Path) -> str:
     """The preset's description: its comment lines after the package line, as one sentence."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("#").strip()
-        if text and not text.startswith("@package"):
-            lines.append(text)
-    return " ".join(lines)
+    return option_summary(path, width=None)
 
 
 def family_of(env_id: str) -> str | None:

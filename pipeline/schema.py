@@ -186,10 +186,13 @@ class LoggerSchema:
     interval: float = 5.0
     #: at least this many rows over the budget (not printed; at most 4 per second; 0: interval only)
     rows_per_run: int = 50
+    #: wandb project
     project: str = "rlpipeline"
+    #: wandb entity (user or team; null: wandb's default)
     entity: str | None = None
     #: wandb group (null: a sweep's jobs are grouped by the sweep directory's name)
     group: str | None = None
+    #: wandb tags
     tags: list[str] = field(default_factory=list)
     #: wandb job type (null: train, or sweep for a job of a multirun)
     job_type: str | None = None

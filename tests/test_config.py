@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from pipeline.bench.__main__ import BENCH_CONF_DIR
 from pipeline.plan import Machine, resolve_plan
 from pipeline.validate import ConfigError, validate
 from tests.conftest import CONF_DIR, ROOT, compose
@@ -106,7 +107,7 @@ def test_every_bench_workload_is_the_runners_config_of_its_overrides(workload):
 
     from pipeline.bench.workload import config, env_factory
 
-    with initialize_config_dir(config_dir=str(CONF_DIR / "bench"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(BENCH_CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("bench", overrides=[f"bench_workload={workload}"])
     assert isinstance(cfg.num_envs, int) and cfg.num_envs >= 1 and cfg.repeats >= 1
     w = OmegaConf.to_container(cfg.bench_workload)

@@ -17,11 +17,17 @@ class RunBudget:
     ``collector/non_finite_skipped``.
     """
 
+    #: the trainer's label in run names and the plan
     name: str = ""
+    #: transitions per collected batch (one update for PPO, updates_per_batch for DQN)
     frames_per_batch: int = 256
+    #: stop after this many transitions
     total_frames: int = 100_000
+    #: stop once the mean return of the last target_window episodes reaches this (None: never)
     target_return: float | None = None
+    #: episodes the target_return mean is taken over
     target_window: int = 20
+    #: a NaN/inf reward or observation: error (stop, naming the env) or skip (cut out, counted)
     nan_policy: str = "error"
     #: frames between greedy evaluations on separate envs (None: no evaluation)
     eval_interval: int | None = None

@@ -39,20 +39,35 @@ class PPOConfig(RunBudget):
     which keep the CleanRL names and meanings."""
 
     name: str = "ppo"
+    #: Adam learning rate
     lr: float = 2.5e-4
+    #: anneal the learning rate linearly to 0 at total_frames
     anneal_lr: bool = True
+    #: discount factor
     gamma: float = 0.99
+    #: GAE lambda
     gae_lambda: float = 0.95
+    #: passes over each batch
     epochs: int = 4
+    #: minibatches per pass
     minibatches: int = 4
+    #: policy-ratio clip range
     clip_coef: float = 0.2
+    #: clip the value loss as the policy loss (CleanRL's clip_vloss)
     clip_vloss: bool = True
+    #: entropy bonus coefficient
     ent_coef: float = 0.01
+    #: value loss coefficient
     vf_coef: float = 0.5
+    #: global gradient-norm clip
     max_grad_norm: float = 0.5
+    #: normalise advantages per minibatch
     norm_adv: bool = True
+    #: stop an update's epochs early once the approximate KL exceeds this (None: never)
     target_kl: float | None = None
+    #: drop transitions more than this many updates old
     max_policy_lag: int = 3  # as conf/trainer/ppo.yaml: one default, whichever way the trainer is built
+    #: Adam epsilon
     adam_eps: float = 1e-5
     #: divide rewards by the running std of discounted returns (gymnasium's NormalizeReward)
     reward_scale: bool = False

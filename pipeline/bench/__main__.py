@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import CONF_DIR
+#: the benchmark's own config tree: its workloads are not choices of the runner
+BENCH_CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def main() -> None:
     import hydra
 
-    @hydra.main(config_path=str(CONF_DIR / "bench"), config_name="bench", version_base="1.3")
+    @hydra.main(config_path=str(BENCH_CONF_DIR), config_name="bench", version_base="1.3")
     def _task(cfg) -> None:  # type: ignore[no-untyped-def]
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf

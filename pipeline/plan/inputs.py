@@ -77,8 +77,11 @@ def plan_config(cfg: DictConfig, machine: Machine) -> PlannedConfig:
     return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The config ``python -m pipeline *overrides`` runs with (Hydra's composition, presets included)."""
+def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The config ``python -m pipeline *overrides`` runs with (Hydra's composition, presets included).
+
+    ``with_hydra``: keep the ``hydra`` node (its ``runtime.choices`` say which option each group got).
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -90,4 +93,4 @@ def compose(overrides: list[str]) -> DictConfig:
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
