@@ -53,14 +53,9 @@ def no_leaks() -> Iterator[None]:
 
 def compose(*overrides: str):
     """The composed config for ``overrides`` (as ``python -m pipeline`` would see it)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from pipeline.plan.inputs import compose as compose_config
 
-    from pipeline.schema import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+    return compose_config(list(overrides))
 
 
 def run_pipeline(args: list[str], cwd: Path, timeout: float = 180.0, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ through the runner's own validation, probes and plan
 from __future__ import annotations
 
 import shlex
+import copy
 from functools import lru_cache
 from typing import Any
 
@@ -40,8 +41,8 @@ def _config(overrides: tuple[str, ...]) -> Any:
 
 
 def config(workload: dict[str, Any], num_envs: int | None = None) -> Any:
-    """The composed config of the workload (``num_envs``: its own count when None)."""
-    return _config(tuple(base_overrides(workload, int(num_envs or workload["num_envs"]))))
+    """The composed config of the workload (``num_envs``: its own count when None); a copy the caller may change."""
+    return copy.deepcopy(_config(tuple(base_overrides(workload, int(num_envs or workload["num_envs"])))))
 
 
 def env_factory(workload: dict[str, Any]) -> Any:
