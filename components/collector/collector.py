@@ -29,6 +29,7 @@ from components.collector.failures import CollectorError
 from components.collector.graph import GraphSpec
 from components.collector.monitor import GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
+from components.collector.repair import GraphRepair
 from components.collector.restarts import WorkerRestarts
 from components.collector.worker import transition_fields
 from components.collector.worker_control import PAUSED, RUNNING, WorkerControl
@@ -48,7 +49,7 @@ __all__ = ["AsyncBatchedCollector", "CollectorError", "GraphSpec"]
 _POLL_S = 0.25
 
 
-class AsyncBatchedCollector(BatchStream):
+class AsyncBatchedCollector(GraphRepair, BatchStream):
     """Iterates dense TensorDict batches of exactly ``frames_per_batch`` transitions.
 
     Every transition carries ``env_index`` and ``env_step`` (contiguous per
@@ -335,6 +336,10 @@ class AsyncBatchedCollector(BatchStream):
                 return self.server.update_weights(weights, version)
             except WeightsLockError as err:
                 raise CollectorError(f"inference server ({self.server.backend}) died: {err}") from None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._rows)
 
     @property
     def policy_version(self) -> int:

@@ -23,11 +23,6 @@ import time
 from typing import Any
 
 from components.collector.failures import CollectorError, Failure, RestartBudget
-from components.collector.pools import WorkerAssignment
-from components.collector.worker_control import BUILDING, STARTING, TIMING
-from components.envs import env_seeds
-from components.inference.server import ServerError
-from components.lifecycle import release_semaphore_names
 
 
 class WorkerRestarts:
@@ -40,7 +35,6 @@ class WorkerRestarts:
         self.server_count = 0
         #: ``*_total`` server counters of the servers that died, added to the live one's
         self.server_totals: dict[str, float] = {}
-        self._launches = 0  # every relaunch draws new env seeds
 
     @property
     def may_relaunch_workers(self) -> bool:
@@ -52,83 +46,28 @@ class WorkerRestarts:
         return self.budget.count
 
     def __call__(self, w: int, failure: Failure) -> bool:
+        c = self.collector
         nth = self.budget.admit(w, failure)  # raises when fresh envs would fail the same way, or past the budget
-        if not self.collector.workers.retire(w):
+        if not c.retire_worker(w):
             return False  # a thread still running: the run ends with the failure
-        ids = self._relaunch(w)
+        ids = c.relaunch_worker(w)
         print(f"warning: env worker {w} (envs {ids[0]}-{ids[-1]}) restarted with fresh envs "
               f"({nth}/{self.max_restarts} within {self.budget.window:g} s): {failure.message}", file=sys.stderr,
               flush=True)
         return True
 
-    def _relaunch(self, w: int) -> tuple[int, ...]:
-        """Start worker ``w`` again on fresh envs, past every step its predecessor took."""
-        c = self.collector
-        c._pool.reclaim(w)
-        control = c._control
-        # Past every step it took, leaving a gap. Concurrent envs step at their own pace: no env of the
-        # worker took more steps than the worker wrote transitions.
-        taken = TIMING.index("frames" if c.graph.concurrent_envs else "steps")
-        first_step = int(control.timing[w, taken]) + 2
-        control.status[w], control.paused[w], control.activity[w] = STARTING, 0, BUILDING
-        control.heartbeat[w] = time.monotonic()
-        control.beat(w)
-        self._launches += 1
-        first = sum(c._rows[:w])
-        ids = tuple(range(first, first + c._rows[w]))
-        seeds = env_seeds(c._seed, c.graph.num_envs, restart=self._launches)
-        affinity = [list(a) for a in c.graph.worker_affinity] if c.graph.worker_affinity else None
-        c.workers.launch(
-            WorkerAssignment(w, ids, tuple(seeds[i] for i in ids), c._splits[w], first_step, c.skip_non_finite,
-                             c.graph.concurrent_envs),
-            c.env_factory, c._worker_channels(w), c._pool.writer(w), control,
-            int(c.interaction_mode), c.layout.response_keys, affinity,
-        )
-        return ids
-
     def restart_server(self, cause: str) -> bool:
-        """Replace a dead inference server, serving the latest published weights, and every worker.
-
-        The workers lost their server with it (their liveness pipe closed),
-        so all of them start again on fresh envs, their trajectories cut as
-        after a crash; a new transport and weights channel replace the old
-        ones, so nothing the dead server may have held locked is used again.
-        """
+        """Replace a dead inference server (see :meth:`GraphRepair.replace_server`) within its budget."""
         c = self.collector
         if self.server_count >= self.max_server_restarts:
             raise CollectorError(f"{cause} (after {self.server_count} restart(s); "
                                  f"server.max_restarts={self.max_server_restarts})")
         started = time.monotonic()
-        with c._server_lock:
-            old = c.server
-            state, version, seq = old.weights_channel.snapshot(timeout=1.0)
-            if seq == 0:
-                version = old.policy_version
-            for key, value in (old._last_stats or {}).items():
-                if key.endswith("_total"):
-                    self.server_totals[key] = self.server_totals.get(key, 0) + value
-            c._control.stop[:] = 1  # a worker waiting for a free chunk would not notice the server's death
-            for w in range(len(c._rows)):
-                if not c.workers.retire(w):
-                    raise CollectorError(f"{cause}; env worker {w} did not stop for the server restart")
-            c._control.stop[:] = 0
-            old.shutdown(timeout=1.0)
-            if not c._names_released:  # never opened again (dropped already when nothing may relaunch)
-                release_semaphore_names(c._slots, old.weights_channel)
-            slots, server, channels = c._server_side(version)
-            if seq:
-                server.update_weights(state, version)
-            try:
-                server.start()
-            except ServerError as err:
-                raise CollectorError(f"{cause}; restarting it failed: {err}") from None
-            c._slots, c.server, c._channels = slots, server, channels
-            c._monitor.server = server
-            self.server_count += 1
-            for w in range(len(c._rows)):
-                self._relaunch(w)
-            c._release_names(pool=False)  # the new transport's and weights channel's names only
-        print(f"warning: inference server ({server.backend}) restarted with the weights of version {version} "
+        version, totals = c.replace_server(cause)
+        for key, value in totals.items():
+            self.server_totals[key] = self.server_totals.get(key, 0) + value
+        self.server_count += 1
+        print(f"warning: inference server ({c.server.backend}) restarted with the weights of version {version} "
               f"in {time.monotonic() - started:.1f} s ({self.server_count}/{self.max_server_restarts}); "
-              f"{len(c._rows)} env worker(s) restarted with fresh envs: {cause}", file=sys.stderr, flush=True)
+              f"{c.num_workers} env worker(s) restarted with fresh envs: {cause}", file=sys.stderr, flush=True)
         return True
