@@ -29,7 +29,7 @@ class WorkerRestarts:
     """Replaces dead workers (``restarts(worker, cause) -> bool``) and a dead server (:meth:`restart_server`)."""
 
     def __init__(self, collector: Any, max_restarts: int, window: float, server_restarts: int = 0) -> None:
-        self.collector, self.max_restarts = collector, max_restarts
+        self.collector = collector
         self.budget = RestartBudget(max_restarts, window)
         self.max_server_restarts = server_restarts
         self.server_count = 0
@@ -38,7 +38,7 @@ class WorkerRestarts:
 
     @property
     def may_relaunch_workers(self) -> bool:
-        return self.max_restarts > 0 or self.max_server_restarts > 0
+        return self.budget.max_restarts > 0 or self.max_server_restarts > 0
 
     @property
     def count(self) -> int:
@@ -52,7 +52,7 @@ class WorkerRestarts:
             return False  # a thread still running: the run ends with the failure
         ids = c.relaunch_worker(w)
         print(f"warning: env worker {w} (envs {ids[0]}-{ids[-1]}) restarted with fresh envs "
-              f"({nth}/{self.max_restarts} within {self.budget.window:g} s): {failure.message}", file=sys.stderr,
+              f"({nth}/{self.budget.max_restarts} within {self.budget.window:g} s): {failure.message}", file=sys.stderr,
               flush=True)
         return True
 

@@ -91,7 +91,6 @@ class RayCollector(BatchStream):
         self.env_spec = env_spec or probe_env_spec(env_factory)
         self.storing_device = torch.device(storing_device)
         self.stall_timeout = stall_timeout
-        self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
         self._version = int(policy_version)
         self._weights_ref: Any = None
         build = HostBuild(env_factory, model_spec, self.env_spec, server_config or ServerConfig(), int(seed),
@@ -108,11 +107,6 @@ class RayCollector(BatchStream):
     def restarts(self) -> int:
         """Hosts replaced after a crash, over the run."""
         return self._source.budget.count
-
-    @property
-    def node_frames(self) -> dict[str, int]:
-        """Frames received from each node (by the first 8 characters of its id)."""
-        return self._source.node_frames
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> RayCollector:
