@@ -37,7 +37,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], mode: int = 0o666) 
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
     """The state :func:`save_checkpoint` wrote, loaded with ``weights_only=True``.
 
-    Checkpoints hold tensors and plain values only (see :mod:`pipeline.state`),
+    Checkpoints hold tensors and plain values only (see :mod:`pipeline.runner.state`),
     so nothing needs full unpickling; with ``weights_only=False`` a checkpoint
     from someone else (a downloaded run directory) could run any code on load.
     """

@@ -16,7 +16,7 @@ def main() -> None:
         _main()
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before the runner took over its signals
         print(f"interrupted during start-up ({err or 'SIGINT'}); nothing was written", file=sys.stderr, flush=True)
-        from pipeline.signals import exit_interrupted
+        from pipeline.runner.signals import exit_interrupted
 
         exit_interrupted(130)
     except SystemExit as exit_:
@@ -25,19 +25,19 @@ def main() -> None:
         code = exit_.code or 0
     else:
         code = 0
-    from pipeline.signals import leave
+    from pipeline.runner.signals import leave
 
     leave(code)
 
 
 def _main() -> None:
-    from pipeline.signals import catch_early, survive_closed_stdout
+    from pipeline.runner.signals import catch_early, survive_closed_stdout
 
     catch_early()  # SIGTERM during start-up ends like Ctrl-C: one line, 130
     survive_closed_stdout()  # `python -m pipeline | head` must not kill the run
 
-    from pipeline.resume import resume_argv
-    from pipeline.validate import ConfigError
+    from pipeline.runner.resume import resume_argv
+    from pipeline.plan.validate import ConfigError
 
     try:
         sys.argv[1:] = resume_argv(sys.argv[1:])
@@ -46,7 +46,7 @@ def _main() -> None:
         sys.exit(2)
 
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
-        from pipeline.help import help_text
+        from pipeline.runner.help import help_text
 
         try:
             print(help_text([a for a in sys.argv[1:] if not a.startswith("-")]))
@@ -62,7 +62,7 @@ def _main() -> None:
 
     import hydra
 
-    from pipeline.schema import register
+    from pipeline.plan.schema import register
 
     register()
     started: list[bool] = []
@@ -70,7 +70,7 @@ def _main() -> None:
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _task(cfg):  # type: ignore[no-untyped-def]  # noqa: ANN202 - the sweep objective, or None
         started.append(True)
-        from pipeline.run import main_from_hydra
+        from pipeline.runner.run import main_from_hydra
 
         return main_from_hydra(cfg)
 

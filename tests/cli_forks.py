@@ -69,8 +69,8 @@ def _serve(request: dict[str, Any]) -> list[dict[str, Any]]:
     import omegaconf  # noqa: F401
 
     import pipeline.__main__  # noqa: F401
-    import pipeline.run  # noqa: F401 - the runner and what it imports (torch)
-    import pipeline.validate  # noqa: F401
+    import pipeline.runner.run  # noqa: F401 - the runner and what it imports (torch)
+    import pipeline.plan.validate  # noqa: F401
 
     cases: list[list[str]] = request["cases"]
     results: list[dict[str, Any] | None] = [None] * len(cases)

@@ -128,8 +128,8 @@ def test_a_failed_checkpoint_write_keeps_its_message_and_leaves_no_temporary_fil
 def test_hydra_files_and_sweep_records_never_write_through_a_planted_link(tmp_path):
     from omegaconf import OmegaConf
 
-    from pipeline.rundir import write_hydra_files
-    from pipeline.sweep import JobRecord, report, write_record
+    from pipeline.runner.rundir import write_hydra_files
+    from pipeline.runner.sweep import JobRecord, report, write_record
 
     victim = tmp_path / "victim"
     victim.write_text("precious")

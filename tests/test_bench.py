@@ -84,7 +84,7 @@ def _each_command_plans_the_graph_its_trial_measured(report: dict, table: str) -
     import shlex
     from dataclasses import asdict
 
-    from pipeline.layout import Costs
+    from pipeline.plan.layout import Costs
     from pipeline.plan import resolve_plan
 
     ours = [t for t in report["trials"] if t["contender"].startswith("ours:")]

@@ -28,6 +28,6 @@ def test_every_collector_has_every_member_of_the_protocol_with_its_signature(cls
 
 
 def test_a_built_collector_is_a_collector_and_the_runner_types_it_so():
-    from pipeline.collection import build_collector
+    from pipeline.runner.collection import build_collector
 
     assert inspect.signature(build_collector).return_annotation in (Collector, "Collector")

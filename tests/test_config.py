@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.bench.__main__ import BENCH_CONF_DIR
 from pipeline.plan import Machine, resolve_plan
-from pipeline.validate import ConfigError, validate
+from pipeline.plan.validate import ConfigError, validate
 from tests.conftest import CONF_DIR, ROOT, compose
 
 CPU_MACHINE = Machine(cpus=2, cuda=False)
@@ -134,7 +134,7 @@ def test_dqn_swaps_in_a_q_network_for_any_encoder():
     cfg = compose("env=atari", "trainer=dqn", "replay=uniform", "replay.storage=disk")
     assert (cfg.model._target_, cfg.model.encoder) == ("components.models.QNetwork", "nature_cnn")
     plan = resolve_plan(cfg, CPU_MACHINE)
-    assert "memory-mapped files in the run directory" in plan.reason("replay")
+    assert plan.choice("replay").facts["storage"] == "disk"
 
 
 def test_atari_env_picks_its_parts_but_the_command_line_wins():
@@ -327,7 +327,8 @@ def test_hydra_reports_its_own_errors(tmp_path):
 def test_envs_per_worker_auto_leaves_a_cpu_for_the_inference_server():
     plan = resolve_plan(compose("env=atari"), Machine(cpus=2, cuda=False))
     assert (plan.graph.num_workers, plan.graph.envs_per_worker, plan.graph.splits) == (1, 16, 2)
-    assert "1 worker process(es) on 2 CPUs" in plan.reason("workers")
+    per_worker = plan.choice("workers").facts["per_worker"]
+    assert (per_worker.code, per_worker.facts["workers"]) == ("auto.cpu_left_for_server", 1)
     plan = resolve_plan(compose("env=atari"), Machine(cpus=8, cuda=False))
     assert (plan.graph.num_workers, plan.graph.envs_per_worker) == (6, 3)
     plan = resolve_plan(compose(), CPU_MACHINE)
@@ -339,50 +340,51 @@ def test_envs_per_worker_auto_leaves_a_cpu_for_the_inference_server():
 def test_transport_auto_gives_thread_workers_the_servers_slots_directly():
     plan = resolve_plan(compose(), CPU_MACHINE)
     assert (plan.graph.workers, plan.graph.server) == ("thread", "thread")
-    assert "auto -> slots: every worker reaches the server's shared-memory slots" in plan.reason("transport")
-    assert plan.graph.chunk_len == 1 and "thread workers" in plan.reason("chunking")
+    assert plan.choice("transport").code == "auto.slots"
+    assert plan.graph.chunk_len == 1 and plan.choice("chunking").code == "auto.thread_workers"
 
 
 def test_transport_auto_with_process_workers_uses_slots_and_a_process_server():
     plan = resolve_plan(compose("workers=process"), CPU_MACHINE)
-    assert plan.graph.server == "process" and "auto -> slots" in plan.reason("transport")
-    assert "server=thread -> process" in plan.reason("transport")
+    assert plan.graph.server == "process" and plan.choice("transport").code == "auto.slots_server_to_process"
     plan = resolve_plan(compose("workers=process", "server=process"), CPU_MACHINE)
-    assert "server=thread" not in plan.reason("transport")
+    assert plan.choice("transport").code == "auto.slots"
 
 
 COMBINATIONS = [
-    # workers, transport, server -> resolved transport, server, phrase in the reason
-    ("thread", "auto", "thread", "slots", "thread", "auto -> slots"),
-    ("thread", "auto", "process", "slots", "process", "auto -> slots"),
-    ("thread", "slots", "thread", "slots", "thread", "slots: every worker"),
-    ("thread", "slots", "process", "slots", "process", "slots: every worker"),
-    ("process", "auto", "thread", "slots", "process", "server=thread -> process"),
-    ("process", "auto", "process", "slots", "process", "auto -> slots"),
-    ("process", "slots", "thread", "slots", "thread", "slots: every worker"),
-    ("process", "slots", "process", "slots", "process", "slots: every worker"),
+    # workers, transport, server -> resolved transport, server, the rule that decided it
+    ("thread", "auto", "thread", "slots", "thread", "auto.slots"),
+    ("thread", "auto", "process", "slots", "process", "auto.slots"),
+    ("thread", "slots", "thread", "slots", "thread", "given"),
+    ("thread", "slots", "process", "slots", "process", "given"),
+    ("process", "auto", "thread", "slots", "process", "auto.slots_server_to_process"),
+    ("process", "auto", "process", "slots", "process", "auto.slots"),
+    ("process", "slots", "thread", "slots", "thread", "given"),
+    ("process", "slots", "process", "slots", "process", "given"),
 ]
 
 
-@pytest.mark.parametrize(("workers", "transport", "server", "want_transport", "want_server", "phrase"), COMBINATIONS)
-def test_every_combination_resolves_with_a_reason(workers, transport, server, want_transport, want_server, phrase):
+@pytest.mark.parametrize(("workers", "transport", "server", "want_transport", "want_server", "code"), COMBINATIONS)
+def test_every_combination_resolves_with_a_reason(workers, transport, server, want_transport, want_server, code):
     cfg = compose(f"workers={workers}", f"transport={transport}", f"server={server}")
     validate(cfg, cuda_available=False)
     plan = resolve_plan(cfg, CPU_MACHINE)
-    assert plan.graph.server == want_server and want_transport == "slots"
-    assert phrase in plan.reason("transport")
+    assert plan.graph.server == want_server and plan.choice("transport").value == want_transport
+    assert plan.choice("transport").code == code and plan.reason("transport")
     assert str(plan).splitlines()[0] == "plan:" and any(line.strip().startswith("transport") for line in str(plan).splitlines())
 
 
 def test_auto_keeps_the_server_in_the_driver_when_the_policy_device_cannot_be_shared():
     cfg = compose("workers=process", "device.policy_device=mps")
     plan = resolve_plan(cfg, CPU_MACHINE)
-    assert plan.graph.server == "thread" and "cannot be shared with a process" in plan.reason("transport")
+    transport = plan.choice("transport")
+    assert plan.graph.server == "thread" and transport.code == "auto.slots_server_unshareable"
+    assert transport.facts["policy_device"] == "mps"
 
 
 def test_explicit_choices_are_kept():
     plan = resolve_plan(compose("workers=process", "transport=slots", "server=thread"), CPU_MACHINE)
-    assert plan.graph.server == "thread" and "slots: every worker" in plan.reason("transport")
+    assert plan.graph.server == "thread" and plan.choice("transport").code == "given"
     plan = resolve_plan(compose("workers=process", "transport=slots", "server=process"), CPU_MACHINE)
     assert plan.graph.server == "process"
 
@@ -391,17 +393,19 @@ def test_every_auto_choice_is_said_in_the_plan():
     from components.envs import EnvSpec
 
     plan = resolve_plan(compose(), CPU_MACHINE)
-    assert plan.server.engine == "numpy" and "engine auto -> numpy" in plan.reason("server")
+    assert plan.server.engine == "numpy" and plan.choice("server").facts["engine"].code == "auto.small_mlp_on_cpu"
     plan = resolve_plan(compose("env=atari"), CPU_MACHINE)
-    assert plan.server.engine == "torch" and "engine auto -> torch: encoder nature_cnn" in plan.reason("server")
+    engine = plan.choice("server").facts["engine"]
+    assert plan.server.engine == "torch" and (engine.code, engine.facts["encoder"]) == ("auto.torch_encoder", "nature_cnn")
     plan = resolve_plan(compose("server.engine=torch"), CPU_MACHINE)
     assert plan.server.engine == "torch"
     frames = EnvSpec((4, 84, 84), "uint8", "discrete", action_n=6)
     plan = resolve_plan(compose("env=atari", "trainer=dqn", "replay=uniform"), CPU_MACHINE, frames)
-    assert plan.frame_dedup is True and "frame dedup auto -> on: 4x84x84 uint8 frame stacks" in plan.reason("replay")
+    dedup = plan.choice("replay").facts["dedup"]
+    assert plan.frame_dedup is True and (dedup.code, dedup.facts["shape"]) == ("auto.on", "4x84x84")
     vectors = EnvSpec((4,), "float32", "discrete", action_n=2)
     plan = resolve_plan(compose("trainer=dqn", "replay=uniform"), CPU_MACHINE, vectors)
-    assert plan.frame_dedup is False and "auto -> off" in plan.reason("replay")
+    assert plan.frame_dedup is False and plan.choice("replay").facts["dedup"].code == "auto.off"
     with pytest.raises(ConfigError, match="replay.frame_dedup=True: observations 4 float32 are not uint8 frame stacks"):
         resolve_plan(compose("trainer=dqn", "replay=uniform", "replay.frame_dedup=true"), CPU_MACHINE, vectors)
 
@@ -419,13 +423,13 @@ def test_a_chunk_budget_that_cannot_hold_a_batch_is_a_config_error(overrides, fe
 
 def test_a_block_larger_than_max_batch_size_is_served_in_slices():
     plan = resolve_plan(compose("server.max_batch_size=3"), CPU_MACHINE)
-    assert "served in 3 passes" in plan.reason("server")
+    assert plan.choice("server").facts["passes"] == 3
 
 
 def test_device_auto_says_what_it_found():
     cfg = compose("device=auto")
     assert resolve_plan(cfg, CPU_MACHINE).server.device == "cpu"
-    assert "no CUDA device" in resolve_plan(cfg, CPU_MACHINE).reason("server")
+    assert resolve_plan(cfg, CPU_MACHINE).choice("server").facts["device"].code == "auto.no_cuda"
     gpu = resolve_plan(cfg, GPU_MACHINE)
     assert gpu.server.device == "cuda" and gpu.trainer_device == "cuda"
 
@@ -447,11 +451,12 @@ def test_server_inline_has_no_transport_one_block_per_worker_and_a_cpu_policy():
     plan = resolve_plan(compose("workers=process", "server=inline"), CPU_MACHINE)
     g = plan.graph
     assert (g.server, g.splits, g.num_workers) == ("inline", 1, CPU_MACHINE.cpus)
-    assert plan.reason("transport").startswith("none: server=inline")
-    assert "1 block per worker (inline answers within the call" in plan.reason("workers")
-    assert "each with its own policy (server=inline)" in plan.reason("workers")
-    assert plan.server.engine == "numpy" and "one forward per block" in plan.reason("server")
+    assert plan.choice("transport").code == "inline"
+    workers = plan.choice("workers").facts
+    assert (workers["blocks"].code, workers["per_worker"].code) == ("inline.one_block", "auto.worker_per_cpu")
+    assert plan.server.engine == "numpy" and plan.choice("server").value == "inline"
     gpu = resolve_plan(compose("server=inline", "device=auto"), GPU_MACHINE)
-    assert gpu.server.device == "cpu" and "server=inline -> cpu" in gpu.reason("server")
+    device = gpu.choice("server").facts["device"]
+    assert gpu.server.device == "cpu" and (device.code, device.facts["asked"].code) == ("inline.cpu", "auto.cuda")
     with pytest.raises(ConfigError, match="server=inline runs a copy of the policy on each env worker's CPU"):
         validate(compose("server=inline", "device=cuda"), cuda_available=True, cuda_count=1)

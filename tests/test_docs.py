@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pipeline.plan.docs import _resolve, render
-from pipeline.schema import Config, DQNSchema, PPOSchema, ReplaySchema
+from pipeline.plan.schema import Config, DQNSchema, PPOSchema, ReplaySchema
 from tests.conftest import ROOT
 
 

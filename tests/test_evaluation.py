@@ -9,7 +9,7 @@ import torch
 
 from components.envs import GymEnvFactory, probe_env_spec
 from components.models import ActorCritic
-from pipeline.evaluation import EvaluationError, Evaluator
+from pipeline.runner.evaluation import EvaluationError, Evaluator
 from tests.conftest import run_pipeline
 from tests.fakes import FaultyEnvFactory, SlowEnvFactory
 

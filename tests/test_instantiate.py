@@ -2,7 +2,7 @@
 
 For each option of each config group (composed with the overrides it needs,
 as in ``tests/test_config.py``) the env factory is instantiated and called,
-the model is built from the probed env spec the way ``pipeline/run.py``
+the model is built from the probed env spec the way ``pipeline/runner/run.py``
 does (and acts once on a real observation), and the logger is instantiated
 and closed. The trainer is left out on purpose (its ``_target_`` is not
 part of this contract).
@@ -58,7 +58,7 @@ def test_every_option_of_every_group_instantiates(group, option, tmp_path, monke
     finally:
         env.close()
 
-    # model, as pipeline/run.py:build_parts builds it
+    # model, as pipeline/runner/run.py:build_parts builds it
     model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model_kwargs, dict)
     target = str(model_kwargs.pop("_target_"))

@@ -6,8 +6,8 @@ import pytest
 
 from dataclasses import replace
 
-from pipeline.layout import Costs, Layout, choose, machine_limit, predict
-from pipeline.layout_probes import measure, time_training, trainer_load
+from pipeline.plan.layout import Costs, Layout, choose, machine_limit, predict
+from pipeline.plan.probes import measure, time_training, trainer_load
 from pipeline.plan import Machine, resolve_plan
 from tests.conftest import compose
 
@@ -65,10 +65,11 @@ def test_a_fixed_grouping_leaves_only_placement_and_splits_open():
 def test_the_plan_prints_the_measured_choice_and_moves_waiting_envs_to_processes():
     plan = resolve_plan(compose("workers=thread"), CPU, costs=CHEAP)
     assert plan.graph.server == "inline" and plan.graph.workers == "thread"
-    assert "auto (measured) ->" in plan.reason("transport") and "predicted" in plan.reason("transport")
+    transport = plan.choice("transport")
+    assert transport.code == "auto.measured" and transport.facts["layout"] is plan.layout
     plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
     assert plan.graph.workers == "process" and plan.graph.concurrent_envs and plan.graph.splits == 1
-    assert "each env in its own thread" in plan.reason("workers")
+    assert plan.choice("workers").facts["blocks"].code == "concurrent"
     plan = resolve_plan(compose("env.num_envs=64", "workers.concurrent_envs=false"), CPU, costs=WAITING)
     assert plan.graph.workers == "process" and not plan.graph.concurrent_envs and plan.graph.envs_per_worker == 1
     plan = resolve_plan(compose("transport=slots", "server=thread"), CPU, costs=CHEAP)
@@ -116,7 +117,7 @@ def test_the_waiting_workload_mostly_waits():
 def test_an_env_that_hangs_or_raises_in_the_probe_is_a_probe_error_not_a_hung_run(monkeypatch):
     import time
 
-    from pipeline import layout_probes as layout
+    from pipeline.plan import probes as layout
     from tests.fakes import FaultyEnvFactory
 
     monkeypatch.setattr(layout, "ENV_PROBE_TIMEOUT_S", 1.0)
@@ -140,7 +141,7 @@ def test_a_trainer_in_the_driver_moves_cheap_envs_out_of_its_interpreter():
     assert (best.workers, best.server, best.bound) == ("process", "inline", "trainer"), best
     assert best.predicted_fps == pytest.approx(1 / 100e-6)
     plan = resolve_plan(compose(), CPU, costs=TRAINED)  # workers=auto, the default
-    assert plan.graph.workers == "process" and "trainer 100.0 us/frame" in plan.reason("transport")
+    assert plan.graph.workers == "process" and plan.choice("transport").facts["trainer_s"] == pytest.approx(100e-6)
     # collection alone (the benchmark) counts no trainer: nothing bounds it but the CPUs and the workers
     assert "trainer" not in choose(CHEAP, 8)[0].detail
 
@@ -183,7 +184,8 @@ def test_concurrent_envs_can_be_asked_for_or_refused_whatever_the_model_says():
     assert plan.graph.workers == "thread" and plan.graph.concurrent_envs
     plan = resolve_plan(compose("workers=process", "transport=slots", "workers.concurrent_envs=true"), CPU)
     assert plan.graph.concurrent_envs and plan.graph.splits == 1
-    assert "workers.splits=2 -> 1" in plan.reason("workers")
+    blocks = plan.choice("workers").facts["blocks"]
+    assert (blocks.code, blocks.facts["asked"]) == ("concurrent.splits_reset", 2)
     plan = resolve_plan(compose("workers=process", "transport=slots"), CPU)
     assert not plan.graph.concurrent_envs, "auto without a probe: stepped in turn"
 
@@ -191,9 +193,7 @@ def test_concurrent_envs_can_be_asked_for_or_refused_whatever_the_model_says():
 def test_the_plan_quotes_the_policy_at_the_batch_concurrent_envs_give_it():
     plan = resolve_plan(compose("env.num_envs=64"), CPU, costs=WAITING)
     assert plan.graph.concurrent_envs
-    import re
-
-    rows = float(re.search(r"us/sample at ([\d.]+) rows?\b", plan.reason("transport")).group(1))
+    rows = plan.choice("transport").facts["rows"]
     assert 1 <= rows < plan.graph.envs_per_worker, "the envs that returned together, not the whole worker"
 
 
@@ -212,7 +212,7 @@ def test_big_frames_cost_their_bytes_on_the_driver_and_in_a_servers_slots():
 
 def test_the_loop_probe_writes_big_frames_through_chunk_sized_memory():
     from components.envs import EnvSpec
-    from pipeline.layout_probes import _time_loop
+    from pipeline.plan.probes import _time_loop
 
     small = _time_loop(EnvSpec((4,), "float32", "discrete", action_n=2), 0.1)
     big = _time_loop(EnvSpec((210, 160, 3), "uint8", "discrete", action_n=6), 0.1)
@@ -231,7 +231,7 @@ def test_frames_copied_on_every_cpu_at_once_cost_what_the_shared_bandwidth_leave
 
 
 def test_the_shared_bandwidth_probe_reads_a_share_and_one_cpu_shares_nothing():
-    from pipeline.machine_probes import time_shared_copy
+    from pipeline.plan.machine_probes import time_shared_copy
 
     assert time_shared_copy(1) == 1.0
     assert 0.05 <= time_shared_copy(2, round_s=0.02) <= 1.0
@@ -263,7 +263,7 @@ def _copier_children() -> list[int]:
 def test_a_copier_that_hangs_or_dies_costs_the_probe_its_term_not_the_plan(monkeypatch, copier):
     import time
 
-    from pipeline import machine_probes
+    from pipeline.plan import machine_probes
 
     monkeypatch.setattr(machine_probes, "COPIER_START_TIMEOUT_S", 1.0)
     monkeypatch.setattr(machine_probes, "COPIER_ROUND_TIMEOUT_S", 1.0)

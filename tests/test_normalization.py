@@ -20,7 +20,7 @@ from components.interaction import InteractionMode
 from components.models import ActorCritic, ModelSpec
 from components.normalization import RewardScaler, RunningNorm
 from components.trainers.ppo import PPOTrainer
-from pipeline.state import load_run_state, run_state, save_run_state
+from pipeline.runner.state import load_run_state, run_state, save_run_state
 
 SPEC = EnvSpec((3,), "float32", "continuous", action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 GREEDY = int(InteractionMode.DETERMINISTIC)

@@ -6,8 +6,9 @@ import pytest
 
 from components.envs import GymEnvFactory, probe_env_spec
 from pipeline.plan import Machine
-from pipeline.presets import family_of, preset_line
-from pipeline.validate import validate
+from pipeline.plan import render
+from pipeline.plan.presets import family_of, preset_choice
+from pipeline.plan.validate import validate
 from tests.conftest import compose
 
 
@@ -32,11 +33,15 @@ def test_each_family_gets_its_preset(overrides, expected):
 
 
 def test_the_plan_names_the_preset_or_the_env_option_that_would_apply_one():
-    line = preset_line({"specialize": "ppo_mujoco", "trainer": "ppo", "env": "mujoco"}, "HalfCheetah-v5")
-    assert line.startswith("specialize/ppo_mujoco.yaml: trainer=ppo on env=mujoco: CleanRL's ppo_continuous_action")
-    assert preset_line({"specialize": "ppo_gym", "trainer": "ppo", "env": "gym"}, "LunarLander-v3") == (
+    applied = preset_choice({"specialize": "ppo_mujoco", "trainer": "ppo", "env": "mujoco"}, "HalfCheetah-v5")
+    assert (applied.value, applied.code) == ("ppo_mujoco", "applied")
+    assert render.preset(applied).startswith(
+        "specialize/ppo_mujoco.yaml: trainer=ppo on env=mujoco: CleanRL's ppo_continuous_action")
+    available = preset_choice({"specialize": "ppo_gym", "trainer": "ppo", "env": "gym"}, "LunarLander-v3")
+    assert available.code == "available" and available.facts["file"] == "ppo_box2d"
+    assert render.preset(available) == (
         "none: LunarLander-v3 is a box2d env; env=box2d env.id=LunarLander-v3 applies specialize/ppo_box2d.yaml")
-    assert preset_line({"specialize": "ppo_cartpole", "trainer": "ppo", "env": "cartpole"}, "CartPole-v1") is None
+    assert preset_choice({"specialize": "ppo_cartpole", "trainer": "ppo", "env": "cartpole"}, "CartPole-v1") is None
     assert family_of("Pendulum-v1") == "classic" and family_of("NoSuchEnv-v0") is None
 
 

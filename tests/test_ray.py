@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from components.ray.collector import RayHostsSpec, split_envs
-from pipeline.validate import ConfigError, validate
+from pipeline.plan.validate import ConfigError, validate
 from tests.conftest import ROOT, compose, run_pipeline, wait_for_training
 
 # Before Ray is imported: a single-machine cluster advertises and binds 127.0.0.1 only; no usage stats.
@@ -97,7 +97,7 @@ def test_bad_ray_settings_are_one_line_config_errors(override, message):
 def test_host_chunks_follow_the_chunking_group_as_process_workers_do(overrides, steps, capsys):
     from pipeline.plan.ray import hosts_for
 
-    spec, _ = hosts_for(compose("workers=ray", *overrides), cluster_cpus=2)
+    spec, *_ = hosts_for(compose("workers=ray", *overrides), cluster_cpus=2)
     assert (spec.num_hosts, spec.chunk_len) == (2, steps)
     assert capsys.readouterr().err == ""
 
@@ -105,7 +105,7 @@ def test_host_chunks_follow_the_chunking_group_as_process_workers_do(overrides, 
 def test_the_old_ray_chunk_len_still_works_with_a_one_line_note(capsys):
     from pipeline.plan.ray import CHUNK_LEN_DEPRECATED, hosts_for
 
-    spec, _ = hosts_for(compose("workers=ray", "ray.chunk_len=5", "chunking=fixed", "chunking.size=9"), cluster_cpus=2)
+    spec, *_ = hosts_for(compose("workers=ray", "ray.chunk_len=5", "chunking=fixed", "chunking.size=9"), cluster_cpus=2)
     assert spec.chunk_len == 5
     assert capsys.readouterr().err.strip() == CHUNK_LEN_DEPRECATED
 

@@ -16,9 +16,9 @@ from components.envs import EnvSpec
 from components.models import ActorCritic, ModelSpec
 from components.replay.storage import TensorStorage
 from components.trainers.ppo import PPOConfig, PPOTrainer
-from pipeline.resume import resume_argv, rewind_metrics
-from pipeline.state import load_run_state, restore_episodes, rng_state, run_state, save_run_state, set_rng_state
-from pipeline.validate import ConfigError
+from pipeline.runner.resume import resume_argv, rewind_metrics
+from pipeline.runner.state import load_run_state, restore_episodes, rng_state, run_state, save_run_state, set_rng_state
+from pipeline.plan.validate import ConfigError
 
 
 def write_run_checkpoint(run_dir, frames: int = 640):  # noqa: ANN001, ANN201

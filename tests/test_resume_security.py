@@ -26,9 +26,9 @@ from components.envs import EnvSpec
 from components.models import ActorCritic, QNetwork
 from components.trainers.dqn import DQNConfig, DQNTrainer
 from components.trainers.ppo import PPOConfig, PPOTrainer
-from pipeline.resume import resume_argv, rewind_metrics
-from pipeline.saved_overrides import hydra_quote, project_configs, refusal
-from pipeline.validate import ConfigError
+from pipeline.runner.resume import resume_argv, rewind_metrics
+from pipeline.runner.saved_overrides import hydra_quote, project_configs, refusal
+from pipeline.plan.validate import ConfigError
 from tests.conftest import run_pipeline
 from tests.test_resume import saved_run
 

@@ -9,10 +9,10 @@ import stat
 
 import pytest
 
-from pipeline.budgets import check_budgets, transition_bytes
+from pipeline.runner.budgets import check_budgets, transition_bytes
 from pipeline.plan import Machine, resolve_plan
-from pipeline.run_lock import LOCK, claim_run_dir
-from pipeline.validate import ConfigError
+from pipeline.runner.run_lock import LOCK, claim_run_dir
+from pipeline.plan.validate import ConfigError
 from tests.conftest import compose
 
 CTX = mp.get_context("spawn")
@@ -88,7 +88,7 @@ def test_budgets_refuse_buffers_that_cannot_fit_before_anything_starts(tmp_path)
 
 
 def test_the_disk_reserve_is_allocated_up_front_and_released_once(tmp_path):
-    from pipeline.rundir import DiskReserve
+    from pipeline.runner.rundir import DiskReserve
 
     reserve = DiskReserve(tmp_path, 1 << 20)
     assert reserve.path.stat().st_size == 1 << 20
@@ -100,7 +100,7 @@ def test_the_disk_reserve_is_allocated_up_front_and_released_once(tmp_path):
 def test_a_disk_without_room_for_the_reserve_is_one_config_error(tmp_path, monkeypatch):
     import errno
 
-    from pipeline.rundir import DiskReserve
+    from pipeline.runner.rundir import DiskReserve
 
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -140,7 +140,7 @@ def test_a_real_run_leaves_its_directory_0700_and_files_0600_unless_rundir_mode_
 
 
 def test_an_unknown_rundir_mode_is_one_config_error():
-    from pipeline.rundir import apply_mode
+    from pipeline.runner.rundir import apply_mode
 
     with pytest.raises(ConfigError, match=r"rundir.mode='public': one of private, group, shared"):
         apply_mode("public")
@@ -150,7 +150,7 @@ def _ray_launcher_config(*overrides: str):  # noqa: ANN202
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from pipeline.schema import register
+    from pipeline.plan.schema import register
     from tests.conftest import CONF_DIR
 
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="hydra-ray-launcher is not installed")
@@ -160,7 +160,7 @@ def _ray_launcher_config(*overrides: str):  # noqa: ANN202
 
 
 def test_the_ray_launchers_local_cluster_binds_loopback_without_a_dashboard(tmp_path, monkeypatch):
-    from pipeline import hydra_callbacks
+    from pipeline.runner import hydra_callbacks
 
     monkeypatch.setattr(hydra_callbacks, "_ray_temp_dirs", lambda: [tmp_path])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -176,7 +176,7 @@ def test_the_ray_launchers_local_cluster_binds_loopback_without_a_dashboard(tmp_
 
 @pytest.mark.parametrize("given", ["address", "RAY_ADDRESS", "a running cluster"])
 def test_a_ray_cluster_the_user_names_is_left_as_it_is(tmp_path, monkeypatch, given):
-    from pipeline import hydra_callbacks
+    from pipeline.runner import hydra_callbacks
 
     monkeypatch.setattr(hydra_callbacks, "_ray_temp_dirs", lambda: [tmp_path])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.run_lock import LOCK, claim_run_dir
-from pipeline.validate import ConfigError
+from pipeline.runner.run_lock import LOCK, claim_run_dir
+from pipeline.plan.validate import ConfigError
 
 CTX = mp.get_context("spawn")
 TRIALS = 200
@@ -94,7 +94,7 @@ def _dead_pid() -> int:
 
 
 def _hold_lock(run_dir: str, ready: Any) -> None:
-    from pipeline.run_lock import claim_run_dir
+    from pipeline.runner.run_lock import claim_run_dir
 
     claim_run_dir(Path(run_dir))
     ready.set()

@@ -174,7 +174,7 @@ def test_dropped_rows_are_counted_in_the_rows_and_the_summary_still_reaches_a_si
 
 
 def test_any_exception_in_a_clean_up_step_is_one_line_and_the_next_step_runs(capsys):
-    from pipeline.run import _best_effort
+    from pipeline.runner.run import _best_effort
 
     lost: list[str] = []
     ran = []
@@ -272,7 +272,7 @@ def test_a_run_with_a_sink_that_blocks_forever_trains_to_its_budget_and_exits_0(
     assert _past_a_full_pipe(rows), f"only {len(rows)} rows"
     assert rows[-1]["frames"] == 12800
     assert max(r["logger/dropped_rows"] for r in rows) > 0 and summary["logger/dropped_rows"] > 0
-    from pipeline.state import load_run_state
+    from pipeline.runner.state import load_run_state
 
     assert load_run_state(run_dir / "checkpoint.pt")["frames"] == 12800
     warnings = _warnings(err)
@@ -304,7 +304,7 @@ def _check_interrupted_run(proc: subprocess.Popen, run_dir: Path, sent: float) -
     rows, summary = _rows(run_dir)
     assert summary is not None and summary["stop_reason"].startswith("interrupted")
     assert max(r["logger/dropped_rows"] for r in rows) > 0
-    from pipeline.state import load_run_state
+    from pipeline.runner.state import load_run_state
 
     assert load_run_state(run_dir / "checkpoint.pt")["frames"] == summary["frames"] > 0
 
@@ -344,7 +344,7 @@ def test_more_ctrl_c_during_the_clean_up_keep_the_checkpoint_and_the_last_one_ab
     ("logger.extra_sinks=[a.B,a.B]", "logger.extra_sinks=['a.B', 'a.B']: a sink is listed twice"),
 ])
 def test_the_sink_queue_and_extra_sinks_are_checked_before_the_run(override, message):
-    from pipeline.validate import ConfigError, validate
+    from pipeline.plan.validate import ConfigError, validate
     from tests.conftest import compose
 
     with pytest.raises(ConfigError, match="^" + re.escape(message)):

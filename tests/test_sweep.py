@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.run import concurrent_jobs
-from pipeline.sweep import JobRecord, read_records, report, started, write_record
+from pipeline.runner.run import concurrent_jobs
+from pipeline.runner.sweep import JobRecord, read_records, report, started, write_record
 from tests.conftest import run_pipeline
 
 SMALL = ["trainer.total_frames=1500", "trainer.target_return=null", "logger=jsonl", "progress=false"]

@@ -135,9 +135,9 @@ def _run_torchrl(kind: str, workload: dict[str, Any], num_envs: int, warmup: flo
 
 
 def measure_limit(workload: dict[str, Any], num_envs: int) -> dict[str, Any]:
-    """The costs the limit and the layout predictions are computed from (:func:`pipeline.layout.measure`)."""
+    """The costs the limit and the layout predictions are computed from (:func:`pipeline.plan.layout.measure`)."""
     from components.envs import probe_env_spec
-    from pipeline.layout_probes import measure
+    from pipeline.plan.probes import measure
 
     factory = env_factory(workload)
     spec = probe_env_spec(factory)

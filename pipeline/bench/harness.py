@@ -76,7 +76,7 @@ def resolve_contenders(cfg: dict[str, Any]) -> list[str]:
 
 def min_costs(all_costs: list[Any]) -> Any:
     """Each cost's smallest value over several probes (the least disturbed reading of each)."""
-    from pipeline.layout import Costs
+    from pipeline.plan.layout import Costs
 
     first = all_costs[0]
     return Costs(min(c.env_wall_s for c in all_costs), min(c.env_cpu_s for c in all_costs),
@@ -89,7 +89,7 @@ def min_costs(all_costs: list[Any]) -> Any:
 
 def predicted_fps(contender: str, result: dict[str, Any], num_envs: int, costs: Any) -> float | None:
     """The layout model's frames/s for the graph one of our trials built (None for the others, and Ray)."""
-    from pipeline.layout import Layout, predict
+    from pipeline.plan.layout import Layout, predict
 
     graph = result.get("graph")
     if not contender.startswith("ours:") or not graph or graph.get("workers") == "ray":
@@ -175,7 +175,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
     """Run the benchmark ``cfg`` describes; returns (and writes) the report."""
     import time
 
-    from pipeline.layout import Costs, machine_limit
+    from pipeline.plan.layout import Costs, machine_limit
 
     cfg = apply_scale(cfg)
     workload = {**cfg["workload"], "device": str(cfg.get("device", "cpu"))}

@@ -51,7 +51,7 @@ SUITE: dict[str, Case] = {
 def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
-    from pipeline.schema import register
+    from pipeline.plan.schema import register
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -13,7 +13,7 @@ A contender name is shorthand for overrides on top of the workload's:
 
 The trial composes the config, validates it, plans it with the runner's
 probes and rules (:func:`pipeline.plan.inputs.plan_config`) and builds the
-collector with :func:`pipeline.collection.build_collector`, then only takes
+collector with :func:`pipeline.runner.collection.build_collector`, then only takes
 batches: what it measures is the collector of the printed command, minus
 the learner.
 """
@@ -76,7 +76,7 @@ def plan_for(overrides: list[str]) -> tuple[Any, Any, Any]:
     from components.threads import pin_pools
     from pipeline.plan import Machine
     from pipeline.plan.inputs import compose, plan_config
-    from pipeline.validate import validate
+    from pipeline.plan.validate import validate
 
     cfg = compose(overrides)
     machine = Machine.detect()
@@ -87,7 +87,7 @@ def plan_for(overrides: list[str]) -> tuple[Any, Any, Any]:
 
 def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
     """One trial of an ``ours:*`` contender: frames/s of the collector its command builds."""
-    from pipeline.collection import build_collector, model_spec_for
+    from pipeline.runner.collection import build_collector, model_spec_for
 
     overrides = ours_overrides(name, workload, num_envs)
     cfg, planned, machine = plan_for(overrides)

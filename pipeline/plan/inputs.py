@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from pipeline.plan.resolve import Machine, Plan, resolve_plan, serving_engine
 from pipeline.plan.rules import device
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 
 @dataclass(frozen=True)
@@ -48,18 +48,18 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
 
 
 def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:
-    """What ``transport=auto`` chooses the layout from (:mod:`pipeline.layout`), probed in a few hundred ms.
+    """What ``transport=auto`` chooses the layout from (:mod:`pipeline.plan.layout`), probed in a few hundred ms.
 
     None when nothing is left to choose (``server=inline`` or ``transport=slots``)
     or the probe fails: the plan then falls back to its rule and says so.
     """
     if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
         return None
-    from pipeline.layout_probes import probe_for_config
+    from pipeline.plan.probes import probe_for_config
 
-    policy_device, _ = device(str(cfg.device.policy_device), machine.cuda)
-    trainer_device, _ = device(str(cfg.device.trainer_device), machine.cuda)
-    engine, _ = serving_engine(cfg, policy_device)
+    policy_device = device(str(cfg.device.policy_device), machine.cuda).value
+    trainer_device = device(str(cfg.device.trainer_device), machine.cuda).value
+    engine = serving_engine(cfg, policy_device).value
     try:
         return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
     except (ValueError, KeyError, TypeError):
@@ -87,7 +87,7 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
 
     from pipeline import CONF_DIR
-    from pipeline.schema import register
+    from pipeline.plan.schema import register
 
     register()
     if GlobalHydra.instance().is_initialized():

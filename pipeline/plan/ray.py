@@ -13,33 +13,32 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from components.ray.hosts_spec import RayHostsSpec
+from pipeline.plan.choice import Choice
 from pipeline.plan.resolve import Machine, Plan
 from pipeline.plan.rules import chunk_len as auto_chunk_len
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 
-def hosts_for(cfg: DictConfig, cluster_cpus: float) -> tuple[RayHostsSpec, list[str]]:
-    """The hosts' spec for ``cfg`` on a cluster of ``cluster_cpus`` CPUs, and why."""
+def hosts_for(cfg: DictConfig, cluster_cpus: float) -> tuple[RayHostsSpec, Choice[int], Choice[int]]:
+    """The hosts' spec for ``cfg`` on a cluster of ``cluster_cpus`` CPUs, with the host count's and chunk's choices."""
     r = cfg.ray
     num_envs = int(cfg.env.num_envs)
     per_host_cpus = float(r.num_cpus_per_actor)
-    why = []
     if r.num_actors is None:
-        hosts = max(1, min(num_envs, int(cluster_cpus // per_host_cpus)))
-        why.append(f"auto -> {hosts}: one per {per_host_cpus:g} CPU(s) of the cluster's {cluster_cpus:g}, "
-                   f"at most num_envs")
+        count = Choice(max(1, min(num_envs, int(cluster_cpus // per_host_cpus))), "auto.per_cpu",
+                       {"cpus_per_host": per_host_cpus, "cluster_cpus": cluster_cpus})
     else:
-        hosts = int(r.num_actors)
-        if hosts > num_envs:
-            raise ConfigError(f"ray.num_actors={hosts}: more env hosts than env.num_envs={num_envs}")
-        why.append(f"{hosts}")
+        count = Choice(int(r.num_actors), "given")
+        if count.value > num_envs:
+            raise ConfigError(f"ray.num_actors={count.value}: more env hosts than env.num_envs={num_envs}")
+    hosts = count.value
     fewest, most = num_envs // hosts, -(-num_envs // hosts)
-    chunk_len, chunk_why = host_chunk_len(cfg, fewest, most)
-    spec = RayHostsSpec(num_envs, hosts, chunk_len, in_flight=int(r.in_flight), cpus_per_host=per_host_cpus,
+    chunk = host_chunk_len(cfg, fewest, most)
+    spec = RayHostsSpec(num_envs, hosts, chunk.value, in_flight=int(r.in_flight), cpus_per_host=per_host_cpus,
                         resources={str(k): float(v) for k, v in (r.resources or {}).items()},
                         scheduling=str(r.scheduling), local_workers=str(r.local_workers),
                         start_timeout=float(r.start_timeout))
-    return spec, [why[0], chunk_why]
+    return spec, count, chunk
 
 
 #: the one-line note a run that still sets ``ray.chunk_len`` prints
@@ -47,49 +46,43 @@ CHUNK_LEN_DEPRECATED = ("note: ray.chunk_len is deprecated and will be removed: 
                         "the same for Ray hosts and local workers alike")
 
 
-def host_chunk_len(cfg: DictConfig, fewest: int, most: int) -> tuple[int, str]:
+def host_chunk_len(cfg: DictConfig, fewest: int, most: int) -> Choice[int]:
     """Steps per host chunk from ``chunking`` (as for process workers), or the deprecated ``ray.chunk_len``."""
     import sys
 
     if cfg.ray.chunk_len is not None:
         print(CHUNK_LEN_DEPRECATED, file=sys.stderr, flush=True)
-        return int(cfg.ray.chunk_len), f"ray.chunk_len: {int(cfg.ray.chunk_len)} steps per chunk"
+        return Choice(int(cfg.ray.chunk_len), "ray.chunk_len", {"unit": "chunk"})
     mode = str(cfg.chunking.mode)
     if mode == "fixed":
-        return int(cfg.chunking.size), f"fixed: {cfg.chunking.size} steps per chunk"
+        return Choice(int(cfg.chunking.size), "fixed", {"unit": "chunk"})
     if mode == "step":
-        return 1, "step: every step is a chunk (a round trip per step: slow)"
+        return Choice(1, "step", {"unit": "chunk"})
     return auto_chunk_len(int(cfg.env.num_envs), int(cfg.trainer.frames_per_batch), fewest, most)
 
 
 def ray_plan(cfg: DictConfig, plan: Plan, cluster: Any) -> tuple[Plan, RayHostsSpec]:
     """``plan`` (resolved as thread workers + inline) rewritten for env hosts on ``cluster``."""
-    spec, (hosts_why, chunk_why) = hosts_for(cfg, cluster.total_cpus())
+    spec, count, chunk = hosts_for(cfg, cluster.total_cpus())
     rows = spec.rows
     per_host = f"{rows[0]}" if len(set(rows)) == 1 else f"{min(rows)}-{max(rows)}"
-    local = "one worker thread" if spec.local_workers == "thread" else "worker processes"
-    text = {
-        "workers": f"ray: {hosts_why} env host(s) (Ray actors of {spec.cpus_per_host:g} CPU(s), "
-                   f"{spec.scheduling} placement{', resources ' + str(spec.resources) if spec.resources else ''}), "
-                   f"{per_host} envs each stepped by {local}",
-        "threads": f"driver {int(cfg.torch_threads)} (torch_threads: trainer), each env host 1 (its envs and policy "
-                   "copy in turn), metric sinks 1; pinned in each process",
-        "transport": f"Ray object refs: {chunk_why} ({', '.join(str(f) for f in spec.chunk_frames())} transitions), "
-                     f"1-{spec.in_flight} chunk request(s) in flight per host (one batch made ahead at most); weights: one ray.put per update",
+    replaced = {
+        "workers": Choice("ray", "ray.hosts", {
+            "hosts": count, "cpus_per_host": spec.cpus_per_host, "scheduling": spec.scheduling,
+            "resources": spec.resources, "per_host": per_host, "local_workers": spec.local_workers}),
+        "threads": Choice(1, "ray", {"torch_threads": int(cfg.torch_threads)}),
+        "transport": Choice("ray", "ray.object_refs", {
+            "chunk": chunk, "chunk_frames": spec.chunk_frames(), "in_flight": spec.in_flight}),
     }
-    reasons = []
-    for key, value in plan.reasons:
-        if key in text:
-            value = text.pop(key)
-        elif key == "server":
-            value = value.replace("each of the 1 env worker(s) (its own copy)", "every env host (its own copy)")
-        elif key == "chunking":
+    choices: list[tuple[str, Choice]] = [("cluster", Choice(None, "ray", {"described": cluster.describe()}))]
+    for key, choice in plan.choices:
+        if key == "chunking":  # said on the transport line: a host's chunk is its message
             continue
-        reasons.append((key, value))
-    reasons += list(text.items())
-    reasons.insert(0, ("cluster", cluster.describe()))
-    line = f"envs      {spec.num_envs} in {spec.num_hosts} ray env host(s) of {per_host}"
-    return replace(plan, reasons=tuple(reasons), envs_line=line), spec
+        if key == "server":
+            choice = Choice(choice.value, choice.code, {**choice.facts, "hosts": True})
+        choices.append((key, replaced.get(key, choice)))
+    envs = Choice(spec.num_envs, "ray", {"hosts": spec.num_hosts, "per_host": per_host})
+    return replace(plan, choices=tuple(choices), envs=envs), spec
 
 
 def placement_lines(where: list[dict[str, Any]], nodes: list[Any]) -> list[str]:

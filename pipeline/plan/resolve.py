@@ -1,9 +1,10 @@
-"""Resolve the config's ``auto`` choices into a printable plan of the collector graph.
+"""Resolve the config's ``auto`` choices into a :class:`Plan` of the collector graph.
 
 :func:`resolve_plan` is a pure function of the config and a :class:`Machine`
 description, so every choice (and its reason) is testable without starting
-anything. ``auto`` never decides silently: each resolved choice carries the
-sentence the runner prints.
+anything. It only decides: each line of the plan is a
+:class:`~pipeline.plan.choice.Choice` (value, rule code, facts), and
+:mod:`pipeline.plan.render` writes the sentences the runner prints.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from omegaconf import DictConfig
 
 from components.collector.graph import GraphSpec
 from components.inference.loop import ServerConfig
+import pipeline.plan.render as render
 import pipeline.plan.rules as rules
-from pipeline.validate import ConfigError
+from pipeline.plan.choice import Choice
+from pipeline.plan.validate import ConfigError
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,10 @@ class Machine:
     cpus: int
     cuda: bool
     cuda_count: int = 0
-    #: why ``cpus`` is less than the machine has (a share of a parallel sweep), for the plan
-    note: str | None = None
+    #: the machine's CPUs when ``cpus`` is a share of them (a parallel sweep), else None
+    total_cpus: int | None = None
+    #: how many sweep jobs share the machine (hydra.launcher.n_jobs) when ``total_cpus`` is set
+    sweep_jobs: int = 1
 
     @classmethod
     def detect(cls) -> Machine:
@@ -42,68 +47,63 @@ class Machine:
 
 @dataclass(frozen=True)
 class Plan:
-    """The resolved collector graph and where the trainer runs, with reasons."""
+    """The resolved collector graph and where the trainer runs, with the choices that made them."""
 
     graph: GraphSpec
     server: ServerConfig
     trainer_device: str
     storing_device: str = "cpu"
     frame_dedup: bool | None = None
-    reasons: tuple[tuple[str, str], ...] = field(default=())
-    #: the first line of the printed plan when the envs are not in local workers (workers=ray)
-    envs_line: str | None = None
-    #: transport=auto with measured costs: the chosen :class:`~pipeline.layout.Layout` and its prediction
+    #: the plan's lines in print order: (key, the choice that line explains)
+    choices: tuple[tuple[str, Choice], ...] = field(default=())
+    #: the plan's first line: where the envs are (local workers, or Ray hosts)
+    envs: Choice | None = None
+    #: transport=auto with measured costs: the chosen :class:`~pipeline.plan.layout.Layout` and its prediction
     layout: Any = None
 
+    def choice(self, key: str) -> Choice:
+        """The choice behind the plan's ``key`` line (KeyError: the plan has no such line)."""
+        return dict(self.choices)[key]
+
+    def with_choice(self, key: str, choice: Choice) -> Plan:
+        """This plan with ``key``'s line replaced (or appended)."""
+        from dataclasses import replace
+
+        keys = [k for k, _ in self.choices]
+        if key in keys:
+            return replace(self, choices=tuple((k, choice if k == key else c) for k, c in self.choices))
+        return replace(self, choices=(*self.choices, (key, choice)))
+
     def reason(self, key: str) -> str:
-        return dict(self.reasons).get(key, "")
+        """The sentence the plan prints for ``key`` ("" when it has no such line)."""
+        choice = dict(self.choices).get(key)
+        return "" if choice is None else render.line(key, choice)
 
     def lines(self) -> list[str]:
-        g = self.graph
-        out = [self.envs_line or
-               f"envs      {g.num_envs} in {g.num_workers} {g.workers} worker(s) of up to {g.envs_per_worker}"]
-        out += [f"{key:<9} {text}" for key, text in self.reasons]
-        return out
+        return render.plan_lines(self)
 
     def __str__(self) -> str:
         return "\n".join(["plan:", *("  " + line for line in self.lines())])
 
 
-def thread_budget_text(cfg: DictConfig, graph: GraphSpec) -> str:
-    """The plan's ``threads`` line: what each kind of process's BLAS/OpenMP/torch pools hold."""
-    parts = [f"driver {int(cfg.torch_threads)} (torch_threads: trainer"
-             + (", thread workers" if graph.workers == "thread" else "")
-             + (", inference thread" if graph.server == "thread" else "")
-             + (", inline policy" if graph.server == "inline" and graph.workers == "thread" else "") + ")"]
-    if graph.workers == "process":
-        parts.append(f"{graph.num_workers} env worker process(es) {graph.worker_threads} each"
-                     + (" (server.num_threads: each runs its policy copy)" if graph.server == "inline" else ""))
-    if graph.server == "process":
-        parts.append(f"inference process {int(cfg.server.num_threads)} (server.num_threads)")
-    parts.append("metric sinks 1")
-    return ", ".join(parts) + "; pinned in each process before numpy or torch loads"
-
-
-def serving_engine(cfg: DictConfig, policy_device: str) -> tuple[str, str]:
+def serving_engine(cfg: DictConfig, policy_device: str) -> Choice[str]:
     """:func:`rules.serving_engine` for ``cfg``."""
     return rules.serving_engine(str(cfg.server.engine), str(cfg.model._target_), str(cfg.model.encoder), policy_device)
 
 
-def _frame_dedup(cfg: DictConfig, env_spec: Any) -> tuple[bool | None, str]:
+def _frame_dedup(cfg: DictConfig, env_spec: Any) -> Choice[bool | None]:
     """``replay.frame_dedup`` resolved against the env's observations (None: not known yet)."""
     value = str(cfg.replay.frame_dedup).lower()
     if env_spec is None:
-        return (None, "auto (decided from the env's observations)") if value == "auto" else (value == "true", value)
+        return Choice(None, "auto.pending") if value == "auto" else Choice(value == "true", "given", {"word": value})
     stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
-    shape = "x".join(str(d) for d in env_spec.obs_shape)
+    facts = {"shape": "x".join(str(d) for d in env_spec.obs_shape), "dtype": str(env_spec.obs_dtype)}
     if value != "auto":
         if value == "true" and not stacks:
-            raise ConfigError(f"replay.frame_dedup={cfg.replay.frame_dedup}: observations {shape} "
+            raise ConfigError(f"replay.frame_dedup={cfg.replay.frame_dedup}: observations {facts['shape']} "
                               f"{env_spec.obs_dtype} are not uint8 frame stacks (use auto or false)")
-        return value == "true", value
-    if stacks:
-        return True, f"auto -> on: {shape} uint8 frame stacks, each frame stored once"
-    return False, f"auto -> off: {shape} {env_spec.obs_dtype} observations are not uint8 frame stacks"
+        return Choice(value == "true", "given", {"word": value})
+    return Choice(True, "auto.on", facts) if stacks else Choice(False, "auto.off", facts)
 
 
 #: An env whose step waits this many times longer than it computes is "mostly waiting": thread
@@ -114,7 +114,7 @@ WAITING_RATIO = 4.0
 def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, policy_device: str,
                      shareable: bool) -> Any:
     """``transport=auto`` with measured costs: the best predicted layout this config allows."""
-    from pipeline.layout import choose
+    from pipeline.plan.layout import choose
 
     if policy_device != "cpu":  # an accelerator: batching on it is the point of a central server
         servers: tuple[str, ...] = ("process", "thread") if shareable else ("thread",)
@@ -131,17 +131,46 @@ def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, p
     return best
 
 
-def _measured_reason(chosen: Any, costs: Any, num_envs: int) -> str:
-    from pipeline.layout import machine_limit
+def _measured_transport(chosen: Any, costs: Any, num_envs: int) -> Choice[str]:
+    from pipeline.plan.layout import machine_limit
 
-    limit = machine_limit(costs, num_envs)
     # concurrent envs: the policy sees the envs that returned together, not the whole worker
     rows = chosen.detail.get("batch", chosen.envs_per_worker)
-    return (f"auto (measured) -> {chosen.describe(num_envs)}: predicted {chosen.predicted_fps:,.0f} frames/s "
-            f"({chosen.bound}-bound; limit {limit:,.0f}); env step {costs.env_wall_s * 1e6:,.1f} us wall / "
-            f"{costs.env_cpu_s * 1e6:,.1f} us CPU, policy {costs.infer_at(rows) * 1e6:.2f} "
-            f"us/sample at {rows:.3g} row{'' if rows == 1 else 's'} ({costs.engine}), wake-up {costs.hop_s * 1e6:.1f} us"
-            + (f", trainer {costs.trainer_s * 1e6:,.1f} us/frame" if costs.trainer_s else ""))
+    return Choice("none" if chosen.server == "inline" else "slots", "auto.measured", {
+        "layout": chosen, "num_envs": num_envs, "limit": machine_limit(costs, num_envs), "rows": rows,
+        "env_wall_s": costs.env_wall_s, "env_cpu_s": costs.env_cpu_s, "infer_s": costs.infer_at(rows),
+        "engine": costs.engine, "hop_s": costs.hop_s, "trainer_s": costs.trainer_s})
+
+
+def _rule_transport(transport: str, workers: str, server: str, shareable: bool,
+                    policy_device: str) -> tuple[Choice[str], str]:
+    """``transport`` without a measurement (or given), and the server it leaves."""
+    if transport != "auto":
+        return Choice("slots", "given"), server
+    if workers == "process" and server != "process":
+        if shareable:
+            return Choice("slots", "auto.slots_server_to_process"), "process"
+        return Choice("slots", "auto.slots_server_unshareable", {"policy_device": policy_device}), server
+    return Choice("slots", "auto.slots"), server
+
+
+def _chunking(cfg: DictConfig, workers: str, num_envs: int, frames_per_batch: int, per_worker: int) -> Choice[int]:
+    mode = str(cfg.chunking.mode)
+    if mode == "fixed":
+        return Choice(int(cfg.chunking.size), "fixed")
+    if mode == "step":
+        return Choice(1, "step")
+    if workers == "process":
+        return rules.chunk_len(num_envs, frames_per_batch, per_worker)
+    return Choice(1, "auto.thread_workers")
+
+
+def _collector(cfg: DictConfig) -> Choice[None]:
+    c = cfg.collector
+    return Choice(None, "collector", {
+        "stall_timeout": c.stall_timeout, "yield_completed_trajectories": bool(c.yield_completed_trajectories),
+        "reset_at_each_iter": bool(c.reset_at_each_iter), "post_collect_hook": c.post_collect_hook,
+        "driver_affinity": list(c.driver_affinity or []), "policy_version": c.policy_version})
 
 
 def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs: Any = None) -> Plan:
@@ -149,7 +178,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
 
     ``env_spec`` (the probed env's spec, optional) lets ``auto`` choices that
     depend on the observations (frame dedup) be made here, in the printed plan.
-    ``costs`` (a :class:`pipeline.layout.Costs` probe, optional) lets
+    ``costs`` (a :class:`pipeline.plan.layout.Costs` probe, optional) lets
     ``transport=auto`` choose the layout by predicted frames/s; without it
     the rule of earlier versions applies (process workers -> a server
     process). Raises :class:`ConfigError` for a graph that could never make
@@ -164,109 +193,57 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         workers = "thread"  # nothing measured to choose by: the instant start
     num_envs = int(cfg.env.num_envs)
     frames_per_batch = int(cfg.trainer.frames_per_batch)
-    reasons: list[tuple[str, str]] = []
-    if machine.note:
-        reasons.append(("cpus", machine.note))
 
-    policy_device, policy_note = rules.device(str(cfg.device.policy_device), machine.cuda)
-    trainer_device, trainer_note = rules.device(str(cfg.device.trainer_device), machine.cuda)
-    storing_device, _ = rules.device(str(cfg.device.storing_device), machine.cuda)
-
+    policy = rules.device(str(cfg.device.policy_device), machine.cuda)
+    trainer = rules.device(str(cfg.device.trainer_device), machine.cuda)
+    storing = rules.device(str(cfg.device.storing_device), machine.cuda).value
+    policy_device = policy.value
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
-    splits = int(cfg.workers.splits)
+    asked_splits = splits = int(cfg.workers.splits)
     # Without a measurement, envs step concurrently only when asked to.
     concurrent = str(cfg.workers.concurrent_envs).lower() == "true"
-    measured: tuple[Any, str] | None = None
-    splits_note: str | None = None
+    chosen: Any = None
     if server == "inline":
         if policy_device != "cpu":
-            policy_note = f"server=inline -> cpu: each worker runs its copy of the policy on its CPU ({policy_note})"
-            policy_device = "cpu"
-        reasons.append(("transport", "none: server=inline evaluates the policy inside each env worker, no "
-                                     "request ever leaves the worker"))
-        splits_note = "; 1 block per worker (inline answers within the call: nothing to overlap)" \
-            if splits != 1 else ""
+            policy, policy_device = Choice("cpu", "inline.cpu", {"asked": policy}), "cpu"
+        transport_choice = Choice("none", "inline")
         splits = 1
     elif transport == "auto" and costs is not None:
         chosen = _measured_layout(cfg, costs, num_envs, workers, policy_device, shareable)
         workers, server, splits, concurrent = chosen.workers, chosen.server, chosen.splits, chosen.concurrent
-        measured = (chosen, f"{chosen.envs_per_worker} envs per worker (measured)")
-        transport = "none" if server == "inline" else "slots"
-        reasons.append(("transport", _measured_reason(chosen, costs, num_envs)))
-    elif transport == "auto":
-        transport, why = "slots", "auto -> slots: every worker reaches the server's shared-memory slots directly"
-        if workers == "process" and server != "process":
-            if shareable:
-                why += "; server=thread -> process (env workers are processes; transport=slots server=thread " \
-                       "keeps it in the driver)"
-                server = "process"
-            else:
-                why += f"; server stays a driver thread: policy_device={policy_device} cannot be shared with a process"
-        reasons.append(("transport", why))
+        transport_choice = _measured_transport(chosen, costs, num_envs)
     else:
-        reasons.append(("transport", "slots: every worker reaches the server's shared-memory slots directly"))
+        transport_choice, server = _rule_transport(transport, workers, server, shareable, policy_device)
 
-    blocks_text = f"{splits} block(s) per worker"
     if concurrent:
-        blocks_text = "each env in its own thread, served as it returns (none waits for another's step)"
-        if splits != 1:
-            blocks_text += f"; workers.splits={splits} -> 1 (no blocks to alternate)"
-            splits = 1
-    if measured is not None:
-        per_worker = measured[0].envs_per_worker
-        count = math.ceil(num_envs / per_worker)
-        reasons.insert(0, ("workers", f"auto (measured) -> {count} {workers} worker(s) of up to {per_worker} envs, "
-                                      + blocks_text))
+        blocks = Choice(1, "concurrent.splits_reset" if splits != 1 else "concurrent", {"asked": splits})
+    elif server == "inline" and chosen is None and asked_splits != 1:
+        blocks = Choice(1, "inline.one_block", {"asked": asked_splits})
     else:
-        per_worker, why = rules.envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
-        if server == "inline" and not concurrent:
-            reasons.insert(0, ("workers", f"{why}{splits_note or '; ' + blocks_text}"))
-        else:
-            reasons.insert(0, ("workers", f"{why}; {blocks_text}"))
-    where = {"process": "a dedicated process", "thread": "a driver thread",
-             "inline": f"each of the {math.ceil(num_envs / per_worker)} env worker(s) (its own copy)"}[server]
-    device_text = policy_device if policy_note == policy_device else f"{policy_device} ({policy_note})"
-    split = ""
-    if cfg.server.max_batch_size < min(per_worker, num_envs):
-        passes = math.ceil(min(per_worker, num_envs) / cfg.server.max_batch_size)
-        split = f"; a {per_worker}-env block exceeds max_batch_size, so it is served in {passes} passes"
-    engine, engine_why = serving_engine(cfg, policy_device)
-    batching = (f"one forward per block of up to {min(per_worker, cfg.server.max_batch_size)} rows{split}"
-                if server == "inline" else
-                f"batches of {cfg.server.min_batch_size}..{cfg.server.max_batch_size} rows{split}")
-    reasons.append(("server", f"{server}: policy on {device_text} in {where}, {batching}; engine {engine_why}"))
+        blocks = Choice(splits, "blocks")
+    splits = blocks.value
+    if chosen is not None:
+        per_worker_choice: Choice[int] = Choice(chosen.envs_per_worker, "auto.measured",
+                                                {"workers": math.ceil(num_envs / chosen.envs_per_worker)})
+    else:
+        per_worker_choice = rules.envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
+    per_worker = per_worker_choice.value
 
-    mode = str(cfg.chunking.mode)
-    if mode == "fixed":
-        chunk_len, why = int(cfg.chunking.size), f"fixed: {cfg.chunking.size} steps per message"
-    elif mode == "step":
-        chunk_len, why = 1, "step: every step is a message"
-    elif workers == "process":
-        chunk_len, why = rules.chunk_len(num_envs, frames_per_batch, per_worker)
-    else:
-        chunk_len, why = 1, "auto -> 1 step per message: thread workers have no process boundary to amortise"
-    reasons.append(("chunking", why))
-    reasons.append(("device", f"policy {policy_device}, trainer {trainer_device}, batches stored on {storing_device}"
-                    + (f" ({trainer_note})" if trainer_note != trainer_device else "")))
-    dedup: bool | None = None
-    if cfg.replay.kind != "none":
-        where = "memory" if cfg.replay.storage == "memory" else "memory-mapped files in the run directory"
-        dedup, dedup_why = _frame_dedup(cfg, env_spec)
-        reasons.append(("replay", f"{cfg.replay.kind}, {cfg.replay.capacity} transitions in {where}, "
-                        f"frame dedup {dedup_why}, written by a background writer thread"))
-    target = cfg.trainer.target_return
-    reasons.append((
-        "trainer",
-        f"{cfg.trainer.name}: {frames_per_batch} frames per batch, stop at {cfg.trainer.total_frames} frames"
-        + (f" or a mean return >= {target} over {cfg.trainer.target_window} episodes" if target is not None else ""),
-    ))
+    engine = serving_engine(cfg, policy_device)
+    max_batch = int(cfg.server.max_batch_size)
+    block_rows = min(per_worker, num_envs)
+    server_choice = Choice(server, server, {
+        "device": policy, "engine": engine, "workers": math.ceil(num_envs / per_worker), "per_worker": per_worker,
+        "rows": min(per_worker, max_batch), "min_batch": int(cfg.server.min_batch_size), "max_batch": max_batch,
+        "passes": math.ceil(block_rows / max_batch) if max_batch < block_rows else 1})
+    chunking = _chunking(cfg, workers, num_envs, frames_per_batch, per_worker)
 
     graph = GraphSpec(
         workers=workers,
         server=server,
         num_envs=num_envs,
         envs_per_worker=per_worker,
-        chunk_len=chunk_len,
+        chunk_len=chunking.value,
         splits=splits,
         chunks_per_worker=cfg.chunking.chunks_per_worker,
         worker_affinity=tuple(tuple(int(c) for c in a) for a in cfg.workers.affinity) if cfg.workers.affinity else None,
@@ -277,25 +254,41 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:
         raise ConfigError(f"chunking.chunks_per_worker={cfg.chunking.chunks_per_worker}: {problem}")
-    c = cfg.collector
-    extras = [f"stall timeout {c.stall_timeout:g} s" if c.stall_timeout is not None else "no stall timeout"]
-    extras += [text for flag, text in ((c.yield_completed_trajectories, "yields completed trajectories"),
-                                       (c.reset_at_each_iter, "resets every env after each batch"),
-                                       (c.post_collect_hook, f"hook {c.post_collect_hook}"),
-                                       (c.driver_affinity, f"driver threads on CPUs {list(c.driver_affinity or [])}"),
-                                       (c.policy_version, f"initial policy version {c.policy_version}")) if flag]
-    reasons.append(("collector", ", ".join(extras)))
-    reasons.append(("threads", thread_budget_text(cfg, graph)))
+
+    choices: list[tuple[str, Choice]] = [
+        ("workers", Choice(workers, "measured" if chosen is not None else "rule",
+                           {"per_worker": per_worker_choice, "blocks": blocks, "workers": workers}))]
+    if machine.total_cpus is not None:
+        choices.append(("cpus", Choice(machine.cpus, "sweep_share",
+                                       {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))
+    choices += [("transport", transport_choice), ("server", server_choice), ("chunking", chunking),
+                ("device", Choice((policy_device, trainer.value, storing), "devices", {"trainer": trainer}))]
+    dedup = None
+    if cfg.replay.kind != "none":
+        dedup_choice = _frame_dedup(cfg, env_spec)
+        dedup = dedup_choice.value
+        choices.append(("replay", Choice(str(cfg.replay.kind), str(cfg.replay.kind), {
+            "capacity": cfg.replay.capacity, "storage": str(cfg.replay.storage), "dedup": dedup_choice})))
+    choices += [
+        ("trainer", Choice(str(cfg.trainer.name), "trainer", {
+            "frames_per_batch": frames_per_batch, "total_frames": cfg.trainer.total_frames,
+            "target_return": cfg.trainer.target_return, "target_window": cfg.trainer.target_window})),
+        ("collector", _collector(cfg)),
+        ("threads", Choice(graph.worker_threads, "local", {
+            "torch_threads": int(cfg.torch_threads), "workers": workers, "server": server,
+            "num_workers": graph.num_workers, "server_threads": int(cfg.server.num_threads)})),
+    ]
     server_cfg = ServerConfig(
-        max_batch_size=int(cfg.server.max_batch_size),
+        max_batch_size=max_batch,
         min_batch_size=int(cfg.server.min_batch_size),
         timeout=float(cfg.server.timeout),
         stats_reservoir=int(cfg.server.stats_reservoir),
         device=policy_device,
         num_threads=int(cfg.server.num_threads),
         seed=int(cfg.seed),
-        engine=engine,
+        engine=engine.value,
         static_batch_size=cfg.server.static_batch_size if policy_device.startswith("cuda") else None,
     )
-    return Plan(graph=graph, server=server_cfg, trainer_device=trainer_device, storing_device=storing_device,
-                frame_dedup=dedup, reasons=tuple(reasons), layout=measured[0] if measured is not None else None)
+    envs = Choice(num_envs, "local", {"workers": graph.num_workers, "kind": workers, "per_worker": per_worker})
+    return Plan(graph=graph, server=server_cfg, trainer_device=trainer.value, storing_device=storing,
+                frame_dedup=dedup, choices=tuple(choices), envs=envs, layout=chosen)

@@ -4,12 +4,16 @@ The runner's plan (:mod:`pipeline.plan.resolve`), the Ray hosts' plan
 (:mod:`pipeline.plan.ray`) and, through them, the benchmark's ``ours:*``
 contenders decide with these functions and no copy of them, so a number
 measured anywhere is the number of a graph ``python -m pipeline`` builds.
-Each returns the value and the sentence the plan prints for it.
+Each returns a :class:`~pipeline.plan.choice.Choice`: the value, the branch
+that gave it and the facts it used; :mod:`pipeline.plan.render` writes the
+sentence the plan prints for it.
 """
 
 from __future__ import annotations
 
 import math
+
+from pipeline.plan.choice import Choice
 
 #: Models the numpy serving engine has a copy of (with an MLP encoder).
 NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
@@ -19,17 +23,15 @@ NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
 AUTO_MIN_TRANSITIONS = 64
 
 
-def device(value: str, cuda: bool) -> tuple[str, str]:
+def device(value: str, cuda: bool) -> Choice[str]:
     """``device.*=auto`` -> cuda when the machine has one, else cpu; anything else as given."""
     if value == "auto":
-        if cuda:
-            return "cuda", "auto -> cuda: a CUDA device is available"
-        return "cpu", "auto -> cpu: no CUDA device on this machine"
-    return value, value
+        return Choice("cuda", "auto.cuda") if cuda else Choice("cpu", "auto.no_cuda")
+    return Choice(value, "given")
 
 
 def envs_per_worker(requested: int | None, num_envs: int, workers: str, cpus: int,
-                    server: str = "process") -> tuple[int, str]:
+                    server: str = "process") -> Choice[int]:
     """How many envs one worker hosts, and why.
 
     Thread workers share the GIL, so one worker steps them all and sends one
@@ -40,18 +42,12 @@ def envs_per_worker(requested: int | None, num_envs: int, workers: str, cpus: in
     inline there is no server to leave a CPU to: one worker per CPU.
     """
     if requested is not None:
-        return min(int(requested), num_envs), f"{workers} workers of {min(int(requested), num_envs)} envs"
+        return Choice(min(int(requested), num_envs), "given", {"workers": workers})
     if workers == "thread":
-        return num_envs, f"auto -> one thread worker steps all {num_envs} envs (threads share the GIL)"
-    if server == "inline":
-        count = min(num_envs, max(1, cpus))
-        per_worker = math.ceil(num_envs / count)
-        return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
-                            "each with its own policy (server=inline)")
-    count = min(num_envs, max(1, cpus - 1))
-    per_worker = math.ceil(num_envs / count)
-    return per_worker, (f"auto -> {per_worker} envs per worker: {count} worker process(es) on {cpus} CPUs, "
-                        "one CPU left for inference")
+        return Choice(num_envs, "auto.one_thread_worker", {"num_envs": num_envs})
+    count = min(num_envs, max(1, cpus if server == "inline" else cpus - 1))
+    code = "auto.worker_per_cpu" if server == "inline" else "auto.cpu_left_for_server"
+    return Choice(math.ceil(num_envs / count), code, {"workers": count, "cpus": cpus})
 
 
 def worker_threads(server: str, server_threads: int) -> int:
@@ -64,8 +60,8 @@ def worker_threads(server: str, server_threads: int) -> int:
     return int(server_threads) if server == "inline" else 1
 
 
-def chunk_len(num_envs: int, frames_per_batch: int, fewest: int, most: int | None = None) -> tuple[int, str]:
-    """``chunking=auto`` for process workers and Ray hosts: steps per message, and why.
+def chunk_len(num_envs: int, frames_per_batch: int, fewest: int, most: int | None = None) -> Choice[int]:
+    """``chunking=auto`` for process workers and Ray hosts: steps per message.
 
     ``fewest`` / ``most``: the envs of the smallest / largest sender (a
     worker or a host). At least :data:`AUTO_MIN_TRANSITIONS` transitions
@@ -75,29 +71,36 @@ def chunk_len(num_envs: int, frames_per_batch: int, fewest: int, most: int | Non
     them run two batches ahead (PPO's policy lag 2, which measurably slowed
     CartPole's learning); with a quarter it measured 1.3-1.5.
 
+    The code says which bound decided: ``auto.fewest_transitions``,
+    ``auto.quarter_batch`` or ``auto.one_batch``.
+
     Examples:
-        >>> chunk_len(64, 1024, 32)[0], chunk_len(64, 4096, 32)[0], chunk_len(2, 64, 1)[0]
+        >>> chunk_len(64, 1024, 32).value, chunk_len(64, 4096, 32).value, chunk_len(2, 64, 1).value
         (4, 16, 64)
+        >>> chunk_len(64, 4096, 32).code, chunk_len(2, 32, 1).code, chunk_len(4, 128, 4).code
+        ('auto.quarter_batch', 'auto.one_batch', 'auto.fewest_transitions')
     """
     most = fewest if most is None else most
     quarter = max(1, frames_per_batch // num_envs // 4)
     at_least = math.ceil(AUTO_MIN_TRANSITIONS / max(1, fewest))
     at_most = max(1, frames_per_batch // max(1, most))
     steps = max(1, min(max(at_least, quarter), at_most))
-    senders = f"{fewest}" if most == fewest else f"{fewest}-{most}"
-    return steps, (f"auto -> {steps} steps x {senders} envs per message: at least {AUTO_MIN_TRANSITIONS} "
-                   f"transitions, a quarter of frames_per_batch // num_envs ({quarter} steps) when larger, "
-                   "never above a batch")
+    code = ("auto.one_batch" if steps == at_most and at_most < max(at_least, quarter) else
+            "auto.quarter_batch" if quarter > at_least else "auto.fewest_transitions")
+    return Choice(steps, code, {"fewest": fewest, "most": most, "quarter": quarter,
+                                "min_transitions": AUTO_MIN_TRANSITIONS})
 
 
-def serving_engine(engine: str, model_target: str, encoder: str, policy_device: str) -> tuple[str, str]:
-    """``server.engine`` resolved, and why (the numpy engine covers the built-in MLP networks on the CPU)."""
+def serving_engine(engine: str, model_target: str, encoder: str, policy_device: str) -> Choice[str]:
+    """``server.engine`` resolved (the numpy engine covers the built-in MLP networks on the CPU).
+
+    Measured: numpy serves a 64-row CartPole batch in ~54 us, torch in ~149 us.
+    """
     if engine != "auto":
-        return engine, engine
+        return Choice(engine, "given")
     builtin = model_target in NUMPY_MODELS
     if policy_device == "cpu" and builtin and encoder == "mlp":
-        return "numpy", ("auto -> numpy: a small MLP on the CPU (numpy serves a 64-row CartPole batch "
-                         "in ~54 us, torch in ~149 us)")
-    why = (f"the policy runs on {policy_device}" if policy_device != "cpu" else
-           f"encoder {encoder}" if builtin else f"{model_target} has no numpy copy")
-    return "torch", f"auto -> torch: {why}"
+        return Choice("numpy", "auto.small_mlp_on_cpu")
+    facts = {"device": policy_device, "encoder": encoder, "model": model_target}
+    code = "auto.torch_device" if policy_device != "cpu" else "auto.torch_encoder" if builtin else "auto.torch_model"
+    return Choice("torch", code, facts)

@@ -253,7 +253,7 @@ def _running(lock: Path, owner: dict[str, Any] | None) -> bool:
     if owner is None or "ended" in owner:
         return False
     if "v" in owner:
-        from pipeline.run_lock import lock_held
+        from pipeline.runner.run_lock import lock_held
 
         return lock_held(lock)
     return _owner_alive(owner)

@@ -327,7 +327,7 @@ def test_a_run_stopped_and_resumed_whole_is_not_a_hang(tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc"])
 def test_server_step_timeout_must_be_positive_or_null(value):
-    from pipeline.validate import ConfigError, validate
+    from pipeline.plan.validate import ConfigError, validate
     from tests.conftest import compose
 
     for server in ("thread", "process", "inline"):

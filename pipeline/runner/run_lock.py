@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from components.atomic_files import create_exclusive
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 LOCK = ".run.lock"
 #: Files that mark a directory as holding a run (also without a lock: older runs).

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from components.checkpoint import save_checkpoint
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 
 def rng_state() -> dict[str, Any]:

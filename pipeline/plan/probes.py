@@ -1,8 +1,8 @@
 """The layout model's probes: what one env step, one policy pass, the worker loop, a wake-up and a copy cost here.
 
 :func:`measure` takes a few hundred milliseconds before a run (or each
-benchmark trial) and returns the :class:`~pipeline.layout.Costs` that
-:func:`~pipeline.layout.predict` turns into frames/s. Each probe times
+benchmark trial) and returns the :class:`~pipeline.plan.layout.Costs` that
+:func:`~pipeline.plan.layout.predict` turns into frames/s. Each probe times
 short rounds and keeps their median, so one busy moment of the machine
 does not move the plan (two probes of the same workload used to predict
 77,000 and 108,000 frames/s for one layout).
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.layout import BATCHES, DEFAULT_HOP_S, Costs
-from pipeline.machine_probes import BIG_FRAME_BYTES, STREAM_BYTES, time_hop, time_shared_copy
+from pipeline.plan.layout import BATCHES, DEFAULT_HOP_S, Costs
+from pipeline.plan.machine_probes import BIG_FRAME_BYTES, STREAM_BYTES, time_hop, time_shared_copy
 
 #: Rounds each probe is split into; the median round is kept.
 ROUNDS = 5

@@ -77,7 +77,7 @@ class Reporter:
         self.last_echo = self.started
         self.pending: list[dict[str, float]] = []
         self.checkpointer: Checkpointer | None = None
-        #: greedy evaluation (pipeline.evaluation): set by the runner with eval_interval and snapshot
+        #: greedy evaluation (pipeline.runner.evaluation): set by the runner with eval_interval and snapshot
         self.evaluator: Any = None
         self.eval_interval: int | None = None
         self.snapshot: Any = None  # () -> (state_dict, policy_version)
@@ -218,7 +218,7 @@ class Checkpointer:
     def maybe(self, now: float) -> None:
         if now - self.last < self.interval:
             return
-        from pipeline.state import save_run_state
+        from pipeline.runner.state import save_run_state
 
         if self.pause is None:
             save_run_state(self.path, self.make_state())

@@ -13,9 +13,9 @@ from omegaconf import DictConfig
 
 
 def _apply_mode(config: DictConfig) -> None:
-    """``rundir.mode``'s umask, before Hydra creates any directory (pipeline/rundir.py says why)."""
-    from pipeline.rundir import apply_mode
-    from pipeline.validate import ConfigError
+    """``rundir.mode``'s umask, before Hydra creates any directory (pipeline/runner/rundir.py says why)."""
+    from pipeline.runner.rundir import apply_mode
+    from pipeline.plan.validate import ConfigError
 
     try:
         apply_mode(str(config.get("rundir", {}).get("mode", "private")))
@@ -99,7 +99,7 @@ class SweepReport(Callback):
     Start: with ``hydra/sweeper=optuna`` and no ``hydra.sweeper.direction``
     on the command line, the study's direction follows ``sweep.direction``
     (optuna's own default, minimize, would minimise the return). End: every
-    job's record (:mod:`pipeline.sweep`) becomes a table on stdout and
+    job's record (:mod:`pipeline.runner.sweep`) becomes a table on stdout and
     ``<sweep dir>/sweep.jsonl``, with the best point, the commands that re-run
     the failed ones, and exit code 1 when any failed.
     """
@@ -124,7 +124,7 @@ class SweepReport(Callback):
               "hydra.sweeper.direction=... overrides it)", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from pipeline.sweep import report
+        from pipeline.runner.sweep import report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():

@@ -2,7 +2,7 @@
 
 They start bare interpreters (``-I -S``: no site, no numpy, ~20 ms each)
 so that what they time is the machine, not this package's imports; the
-layout probes (:mod:`pipeline.layout_probes`) call them.
+layout probes (:mod:`pipeline.plan.probes`) call them.
 """
 
 from __future__ import annotations

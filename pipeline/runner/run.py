@@ -1,7 +1,7 @@
 """The runner: validated config -> plan -> collector graph -> trainer loop -> outputs.
 
 Everything the run writes lives in its run directory, claimed atomically
-before anything is written (:mod:`pipeline.rundir`): ``metrics.jsonl``, the
+before anything is written (:mod:`pipeline.runner.rundir`): ``metrics.jsonl``, the
 wandb run (``wandb/``), ``checkpoint.pt`` (written every
 ``checkpoint.interval`` seconds and at the end) and ``.hydra/``. Every exit
 path (end of budget, target reached, error, Ctrl-C, SIGTERM, at start-up
@@ -35,29 +35,29 @@ from components.lifecycle import name_semaphores_by_pid, spawn_from_any_process,
 from components.metrics import MetricsLogger
 from components.threads import pin_pools, report_pools
 from components.trainers.base import NonFiniteError
-from pipeline.budgets import check_budgets
-from pipeline.collection import build_collector
-from pipeline.evaluation import EvaluationError, Evaluator
-from pipeline.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
-from pipeline.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
-from pipeline.plan import Machine, Plan
+from pipeline.runner.budgets import check_budgets
+from pipeline.runner.collection import build_collector
+from pipeline.runner.evaluation import EvaluationError, Evaluator
+from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
+from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
+from pipeline.plan import Choice, Machine, Plan
 from pipeline.plan.inputs import plan_config
 from pipeline.plan.ray import connect_ray
-from pipeline.presets import preset_line
-from pipeline.resume import rewind_metrics
-from pipeline.run_lock import LOCK, claim_run_dir
-from pipeline.rundir import DiskReserve, apply_mode, write_hydra_files
-from pipeline.signals import (Interrupted, catch_signals, exit_interrupted, ignore_signals, raise_if_pending,
+from pipeline.plan.presets import preset_choice
+from pipeline.runner.resume import rewind_metrics
+from pipeline.runner.run_lock import LOCK, claim_run_dir
+from pipeline.runner.rundir import DiskReserve, apply_mode, write_hydra_files
+from pipeline.runner.signals import (Interrupted, catch_signals, exit_interrupted, ignore_signals, raise_if_pending,
                               signals_raise)
-from pipeline.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
-from pipeline.sweep import cpu_share
-from pipeline.validate import ConfigError, validate
+from pipeline.runner.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
+from pipeline.runner.sweep import cpu_share
+from pipeline.plan.validate import ConfigError, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] | None = None,
-        sweep_group: str | None = None, concurrent_jobs: int = 1, preset: str | None = None) -> int:
+        sweep_group: str | None = None, concurrent_jobs: int = 1, preset: Choice | None = None) -> int:
     """Run one training job in ``run_dir``; returns the process exit code.
 
     ``hydra_files`` (the task config, Hydra's config, the overrides) are
@@ -66,7 +66,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     (the sweep directory's name, for a job of a multirun) groups the
     sweep's wandb runs. ``concurrent_jobs`` sweep jobs share this machine:
     the graph is sized for this job's share of the CPUs. ``preset`` (the
-    hyper-parameter preset Hydra applied, see :mod:`pipeline.presets`) is
+    hyper-parameter preset Hydra applied, see :mod:`pipeline.plan.presets`) is
     printed in the plan.
     """
     previous = catch_signals()
@@ -74,7 +74,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
     claim = umask = cluster = None
     try:
         raise_if_pending()  # a Ctrl-C that a library swallowed while we were importing it
-        # before any child (Ray, workers, sinks) or file exists: they all inherit it (pipeline/rundir.py)
+        # before any child (Ray, workers, sinks) or file exists: they all inherit it (pipeline/runner/rundir.py)
         umask = apply_mode(str(OmegaConf.select(cfg, "rundir.mode", default="private")))
         sweep_stale_semaphores()  # what runs killed during their start-up left in /dev/shm
         spawn_from_any_process()
@@ -82,8 +82,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         machine = Machine.detect()
         if concurrent_jobs > 1:
             share = cpu_share(machine.cpus, concurrent_jobs)
-            machine = replace(machine, cpus=share, note=f"sized for {share} of {machine.cpus} CPU(s): {concurrent_jobs} "
-                                                          "sweep jobs run at once (hydra.launcher.n_jobs)")
+            machine = replace(machine, cpus=share, total_cpus=machine.cpus, sweep_jobs=concurrent_jobs)
         validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
         # The driver's pools, before the probes time the policy with them; children inherit the sizes
         # unless they are started with their own (components/threads.py).
@@ -92,7 +91,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         planned = plan_config(cfg, machine)
         plan, env_factory, env_spec = planned.plan, planned.env_factory, planned.env_spec
         if preset:
-            plan = replace(plan, reasons=(*plan.reasons, ("preset", preset)))
+            plan = plan.with_choice("preset", preset)
         hosts = None
         if str(cfg.workers.backend) == "ray":
             cluster, plan, hosts = connect_ray(cfg, plan, machine)
@@ -348,14 +347,14 @@ def main_from_hydra(cfg: DictConfig) -> float | None:
 
     A single run exits with its code. A job of a multirun never exits the
     process (a failed point must not stop the sweep): it records its outcome
-    for the sweep's summary (:mod:`pipeline.sweep`), prints one status line
+    for the sweep's summary (:mod:`pipeline.runner.sweep`), prints one status line
     and returns ``sweep.objective`` (NaN when it failed: a failed optuna
     trial); only Ctrl-C stops the sweep.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from pipeline import sweep
+    from pipeline.runner import sweep
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -371,7 +370,7 @@ def main_from_hydra(cfg: DictConfig) -> float | None:
     try:
         code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), overrides),
                    sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent,
-                   preset=preset_line(hydra_cfg.runtime.choices, str(cfg.env.id)))
+                   preset=preset_choice(hydra_cfg.runtime.choices, str(cfg.env.id)))
     except ConfigError as err:
         error = f"config error: {err}"
         print(error, file=sys.stderr, flush=True)

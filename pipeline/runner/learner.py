@@ -3,7 +3,7 @@
 Built from the config once the plan is known (the trainer's device comes
 from it); a user's mistake in any of them (a continuous-action env for
 DQN, a ``_target_`` that is not a Trainer, a hook that does not import) is
-a :class:`~pipeline.validate.ConfigError`, one line before anything starts.
+a :class:`~pipeline.plan.validate.ConfigError`, one line before anything starts.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 
 from components.models import ModelSpec
 from components.trainers.base import Trainer
-from pipeline.collection import model_spec_for
+from pipeline.runner.collection import model_spec_for
 from pipeline.plan import Plan
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 
 def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec, Trainer]:

@@ -6,7 +6,7 @@ someone may have sent, downloaded or left in a shared place, so its
 decides which saved items may be replayed (:func:`refusal`), against what
 the project's own config tree names (:func:`project_configs`), reads the
 file without resolving anything (:func:`read_saved_overrides`) and writes
-paths back in Hydra's grammar (:func:`hydra_quote`); :mod:`pipeline.resume`
+paths back in Hydra's grammar (:func:`hydra_quote`); :mod:`pipeline.runner.resume`
 builds the resumed command line from them.
 
 Each saved override is parsed with Hydra's own override parser (never
@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import CONF_DIR
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 #: The keys of Hydra's instantiate protocol: each decides what is called, with what, and how.
 INSTANTIATE_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
-#: Keys besides ``_target_`` whose value the run imports by dotted path (pipeline/run.py: ``get_method``).
+#: Keys besides ``_target_`` whose value the run imports by dotted path (pipeline/runner/run.py: ``get_method``).
 CALLABLE_KEYS = ("collector.post_collect_hook", "logger.extra_sinks")
 #: ``ray.address`` values that stay on this machine (anything else joins a cluster that sends back pickles).
 _LOCAL_RAY = ("local", "auto")
@@ -140,7 +140,7 @@ def project_configs() -> ProjectConfigs:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from pipeline.schema import register
+    from pipeline.plan.schema import register
 
     targets: set[str] = set()
     nodes: set[str] = set()
@@ -204,7 +204,7 @@ def refusal(override: Any, project: ProjectConfigs) -> str | None:
     """Why a saved override could import or call code (None: it only sets values).
 
     Examples:
-        >>> from pipeline.saved_overrides import project_configs
+        >>> from pipeline.runner.saved_overrides import project_configs
         >>> refusal(parse("trainer.lr=0.001"), project_configs()) is None
         True
         >>> refusal(parse("env.factory._target_=torch.load"), project_configs())

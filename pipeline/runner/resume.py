@@ -12,10 +12,10 @@ A run directory is data someone may have sent, downloaded or left in a
 shared place, so a resume takes *data* from it, never code:
 
 - ``checkpoint.pt`` is checked first, before anything is composed or built
-  (:func:`pipeline.state.read_run_state`: a regular file that loads with
+  (:func:`pipeline.runner.state.read_run_state`: a regular file that loads with
   ``weights_only=True`` and holds what a run saves); otherwise one line and
   exit 2, with nothing written into the directory;
-- each saved override is vetted (:mod:`pipeline.saved_overrides` lists
+- each saved override is vetted (:mod:`pipeline.runner.saved_overrides` lists
   what is refused) and refused when it could import or call code. One line
   names every refused item and the command that restates them; an item the
   user restates on the command line is the user's, and accepted;
@@ -31,9 +31,9 @@ import os
 import shlex
 from pathlib import Path
 
-from pipeline.saved_overrides import (hydra_quote, override_key, parse, project_configs, read_saved_overrides,
+from pipeline.runner.saved_overrides import (hydra_quote, override_key, parse, project_configs, read_saved_overrides,
                                       refusal)
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 #: Overrides a resume sets itself; saved values of these are not replayed.
 _PINNED = ("resume", "hydra.run.dir")
@@ -97,7 +97,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     run_dir = Path(value).expanduser().resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"{where}: no run to resume there (no such directory)")
-    from pipeline.state import CheckpointError, read_run_state
+    from pipeline.runner.state import CheckpointError, read_run_state
 
     try:
         read_run_state(run_dir / "checkpoint.pt")

@@ -1,7 +1,7 @@
 """A run directory's files and mode: ``.hydra/`` written as Hydra would, the disk reserve, the umask.
 
 Claiming the directory (one run per directory, an ``flock`` on ``.run.lock``) is
-:mod:`pipeline.run_lock`.
+:mod:`pipeline.runner.run_lock`.
 
 Why ``rundir.mode`` (default ``private``): a run directory holds weights,
 stored observations (a disk replay), configs and logs; on a shared machine
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.atomic_files import write_atomic
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 #: ``rundir.mode`` -> the umask the driver runs under (None: leave the user's).
 MODES: dict[str, int | None] = {"private": 0o077, "group": 0o027, "shared": None}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.validate import ConfigError
+from pipeline.plan.validate import ConfigError
 
 #: Bytes per transition for everything but observations (actions, rewards, flags, indices, values).
 SMALL_FIELDS_BYTES = 96

@@ -3,7 +3,7 @@
 Every option file in ``conf/<group>/`` starts with ``defaults: [base_<group>]``,
 so a misspelt key or a wrong type fails at compose time, before anything
 starts. Value checks that need more than a type (ranges, cross-group rules,
-the machine) live in :mod:`pipeline.validate`.
+the machine) live in :mod:`pipeline.plan.validate`.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ class CheckpointSchema:
 
 @dataclass
 class RunDirSchema:
-    """Who may read a run directory, and taking over one this machine cannot check (pipeline/rundir.py)."""
+    """Who may read a run directory, and taking over one this machine cannot check (pipeline/runner/rundir.py)."""
 
     #: private (directories 0700, files 0600: weights and stored observations stay yours), group (0750/0640)
     #: or shared (your umask, e.g. 0755/0644)

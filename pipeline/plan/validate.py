@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from components.envs import EnvConfigError, check_env_id
 from components.metrics import check_sinks
-from pipeline.sweep import DIRECTIONS, OBJECTIVES
+from pipeline.runner.sweep import DIRECTIONS, OBJECTIVES
 
 
 class ConfigError(ValueError):

@@ -9,7 +9,7 @@ such), prints one status line when it ends, and returns the objective
 (``sweep.objective`` from its summary row; NaN when it failed, which the
 optuna sweeper counts as a failed trial). The task never exits the process
 in a multirun: a failed point must not take the others down.
-At the end (:class:`pipeline.hydra_callbacks.SweepReport`) the records
+At the end (:class:`pipeline.runner.hydra_callbacks.SweepReport`) the records
 become ``<sweep dir>/sweep.jsonl`` and a table, with the command that
 re-runs only the failed points, and the sweep exits 1 if any failed.
 """

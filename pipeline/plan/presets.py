@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import CONF_DIR
-from pipeline.help import option_summary
+from pipeline.plan.choice import Choice
+from pipeline.plan.options import option_summary
 
 #: env= option -> the gymnasium modules its envs come from
 FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",),
@@ -39,14 +40,16 @@ def family_of(env_id: str) -> str | None:
     return next((name for name, modules in FAMILIES.items() if entry.startswith(modules)), None)
 
 
-def preset_line(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF_DIR) -> str | None:
-    """The plan's ``preset`` line, or None when there is nothing to say."""
+def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF_DIR) -> Choice[str | None] | None:
+    """The plan's ``preset`` line (``applied``, or ``available`` under another env= option), or None: nothing to say.
+
+    ``choices``: Hydra's ``runtime.choices`` (group -> option) of the run.
+    """
     name = choices.get("specialize")
     if name and (conf_dir / "specialize" / f"{name}.yaml").exists():
-        return f"specialize/{name}.yaml: {_summary(conf_dir / 'specialize' / f'{name}.yaml')}"
+        return Choice(name, "applied", {"summary": _summary(conf_dir / "specialize" / f"{name}.yaml")})
     family = family_of(env_id)
     trainer = choices.get("trainer", "")
     if family and choices.get("env") != family and (conf_dir / "specialize" / f"{trainer}_{family}.yaml").exists():
-        return (f"none: {env_id} is a {family} env; env={family} env.id={env_id} applies "
-                f"specialize/{trainer}_{family}.yaml")
+        return Choice(None, "available", {"env_id": env_id, "family": family, "file": f"{trainer}_{family}"})
     return None
