@@ -274,3 +274,10 @@ class CountingEnvFactory:
                         ended and self.episode % 2 == 1, {})
 
         return Counting()
+
+
+def closure_env_factory(env_id: str = "CartPole-v1"):  # noqa: ANN201 - what a user's env.factory._target_ may return
+    """A factory that closes over its argument: plain pickle cannot carry it to a process worker."""
+    import gymnasium as gym
+
+    return lambda: gym.make(env_id)

@@ -315,3 +315,41 @@ def test_inline_blocks_larger_than_max_batch_size_are_evaluated_in_slices():
     assert_trajectories_intact(batches)
     assert stats["batches"] == 3 * stats["requests"], "5 rows in passes of 2, 2 and 1"
     assert stats["avg_batch_size"] == pytest.approx(5 / 3)
+
+
+def _closure_factory(env_id: str):  # noqa: ANN202 - a factory no plain pickle can carry
+    import gymnasium as gym
+
+    return lambda: gym.make(env_id)
+
+
+@pytest.mark.parametrize("factory", [lambda: __import__("gymnasium").make("CartPole-v1"), _closure_factory("CartPole-v1")],
+                         ids=["lambda", "closure"])
+def test_a_lambda_or_closure_factory_runs_in_process_workers(factory):
+    import pickle
+
+    with pytest.raises(Exception):
+        pickle.dumps(factory)  # what failed before: workers got the factory by plain pickle
+    collector = _collector(GraphSpec("process", "thread", num_envs=4, envs_per_worker=2, chunk_len=4), 32, 64,
+                           factory=factory).start()
+    try:
+        batches = [batch for batch in collector]
+    finally:
+        collector.shutdown()
+    assert sum(b.numel() for b in batches) == 64
+    assert_trajectories_intact(batches)
+
+
+def test_portable_keeps_importable_factories_as_they_are_and_names_what_cannot_travel():
+    import socket
+
+    from components.portable import portable
+
+    plain = GymEnvFactory("CartPole-v1")
+    assert portable(plain) is plain
+    sock = socket.socket()
+    try:
+        with pytest.raises(TypeError, match="cannot be sent to a process worker"):
+            portable(lambda: sock)
+    finally:
+        sock.close()

@@ -151,17 +151,14 @@ BAD = [
     (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0': 'NoSuchEnv-v0' is not a registered gymnasium environment"),
     (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
     (["device=cuda"], "device.policy_device='cuda': CUDA is not available"),
-    (["transport.kind=wormhole"], "transport.kind='wormhole': must be one of auto, slots"),
     (["collector.stall_timeout=0"], "collector.stall_timeout=0.0: must be > 0 seconds (or null: no stall watchdog)"),
     (["collector.driver_affinity=[99]"], "collector.driver_affinity=[99]: must be a non-empty list of usable CPUs"),
-    (["server.backend=gpu"], "server.backend='gpu': must be one of thread, process"),
     (["chunking=fixed", "chunking.size=0"], "chunking.size=0: must be >= 1"),
     (["trainer.gamma=1.5"], "trainer.gamma=1.5: must be in (0, 1]"),
     (["workers.affinity=[[0]]"], "workers.affinity=[[0]]: only applies to workers=process"),
     (["trainer=dqn"], "replay.kind='none': trainer=dqn needs a replay buffer"),
     (["replay=uniform"], "replay.kind='uniform': trainer=ppo learns on-policy, use replay=none"),
     (["trainer=dqn", "replay=prioritized", "replay.beta=2"], "replay.beta=2.0: must be in [0, 1]"),
-    (["trainer=dqn", "replay=uniform", "replay.storage=tape"], "replay.storage='tape': must be one of memory, disk"),
     (["trainer=dqn", "replay=uniform", "trainer.tau=0"], "trainer.tau=0.0: must be in (0, 1]"),
     (["device.trainer_device=cuda"], "device.trainer_device='cuda': CUDA is not available"),
     (["device.storing_device=cuda:1"], "device.storing_device='cuda:1': CUDA is not available"),
@@ -171,7 +168,6 @@ BAD = [
      "device.policy_device='mps': server=process needs a cpu or cuda policy"),
     (["trainer=dqn", "replay=uniform", "replay.storage=disk", "device.storing_device=mps"],
      "device.storing_device='mps': replay.storage=disk keeps transitions in memory-mapped host files"),
-    (["server.engine=jax"], "server.engine='jax': must be one of auto, torch, numpy"),
     (["trainer=dqn", "replay=uniform", "replay.frame_dedup=maybe"],
      "replay.frame_dedup='maybe': must be one of auto, true, false"),
     (["trainer=dqn", "replay=uniform", "replay.frame_dedup=1"], "replay.frame_dedup='1': must be one of auto, true, false"),
@@ -190,6 +186,42 @@ def test_bad_values_are_rejected_with_the_key_the_value_and_what_is_allowed(over
         validate(compose(*overrides), cuda_available=False)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+BAD_WORDS = [
+    (["transport.kind=wormhole"], "transport.kind='wormhole': must be one of auto, slots"),
+    (["server.backend=gpu"], "server.backend='gpu': must be one of thread, process, inline"),
+    (["workers=process", "workers.backend=banana"], "workers.backend='banana': must be one of auto, thread, process, ray"),
+    (["trainer=dqn", "replay=uniform", "replay.storage=tape"], "replay.storage='tape': must be one of memory, disk"),
+    (["server.engine=jax"], "server.engine='jax': must be one of auto, torch, numpy"),
+    (["chunking.mode=Fixed"], "chunking.mode='Fixed': must be one of auto, step, fixed"),
+    (["trainer.nan_policy=ignore"], "trainer.nan_policy='ignore': must be one of error, skip"),
+    (["model.activation=gelu"], "model.activation='gelu': must be one of tanh, relu"),
+    (["ray.scheduling=PACK"], "ray.scheduling='PACK': must be one of SPREAD, DEFAULT"),
+    (["logger.mode=loud"], "logger.mode='loud': must be one of offline, online, disabled"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_WORDS, ids=[" ".join(o) for o, _ in BAD_WORDS])
+def test_a_word_no_option_allows_is_rejected_while_composing_with_the_allowed_words(overrides, message):
+    """Allowed words are enums of the schemas (components/kinds.py): composition itself refuses any other."""
+    from hydra.errors import ConfigCompositionException
+
+    from pipeline.__main__ import composition_error
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(*overrides)
+    assert composition_error(err.value) == message
+
+
+def test_allowed_words_read_as_plain_strings_everywhere_downstream():
+    import json
+
+    cfg = compose("workers=process", "server=inline", "replay=none")
+    assert cfg.server.backend == "inline" and str(cfg.server.backend) == "inline" and f"{cfg.workers.backend}" == "process"
+    assert {"inline": 1}[cfg.server.backend] == 1
+    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert type(resolved["server"]["backend"]) is str and json.loads(json.dumps(resolved)) == resolved
 
 
 @pytest.mark.parametrize("value", ["true", "false", "True", "FALSE", "auto", "AUTO"])

@@ -40,3 +40,36 @@ def test_every_key_of_a_schema_is_read_by_the_code_that_runs(group, cls):
               # a keyword of the class a _target_ node builds (Hydra passes the keys as arguments)
               and not (has_target and re.search(rf"\b{re.escape(f.name)}: [^=\n]+=", code))]
     assert not unread, f"{group or 'top-level'} keys no code reads (dead words): {unread}"
+
+
+#: the key whose word names an option (workers=auto says backend: auto even where that is the schema's default)
+NAMING_KEYS = {"workers": "backend", "transport": "kind", "server": "backend", "chunking": "mode", "replay": "kind",
+               "model": "encoder"}
+
+
+def test_option_files_state_only_what_differs_from_their_schema():
+    """A default restated in an option file drifts from the schema's; the reference (docs/config.md) says it once."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from pipeline.plan import schema
+
+    schemas = {"env": schema.EnvSchema, "model": schema.ModelSchema, "workers": schema.WorkersSchema,
+               "transport": schema.TransportSchema, "server": schema.ServerSchema, "device": schema.DeviceSchema,
+               "chunking": schema.ChunkingSchema, "collector": schema.CollectorSchema, "replay": schema.ReplaySchema,
+               "logger": schema.LoggerSchema}
+    restated = []
+    for group, cls in schemas.items():
+        base = OmegaConf.structured(cls)
+        files = sorted((ROOT / "conf" / group).glob("*.yaml"))
+        assert files, group
+        for path in files:
+            for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+                if key in ("defaults", NAMING_KEYS.get(group)) or key not in base or OmegaConf.is_missing(base, key):
+                    continue
+                default = base[key]
+                default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else \
+                    str(default) if hasattr(default, "value") else default
+                if default == value:
+                    restated.append(f"conf/{group}/{path.name}: {key}: {value!r}")
+    assert not restated, restated

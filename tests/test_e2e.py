@@ -221,3 +221,16 @@ def test_envs_that_mostly_wait_train_with_concurrent_envs_chosen_by_measurement(
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 4096
     assert rows[-1]["server/policy_version"] > 0, "the trainer's weights reached the workers' copies"
+
+
+def test_a_closure_env_factory_trains_with_process_workers(tmp_path):
+    """env.factory._target_ may name a function that returns a lambda: it reaches the workers by value."""
+    run_dir = tmp_path / "run"
+    proc = run_pipeline(["env.factory._target_=tests.fakes.closure_env_factory", "~env.factory.id",
+                         "+env.factory.env_id=CartPole-v1", "workers=process",
+                         "server=process", "trainer.total_frames=1024", "trainer.target_return=null", "logger=jsonl",
+                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "1 process worker(s)" in proc.stdout or "process worker(s)" in proc.stdout, proc.stdout[-2000:]
+    _, summary = _rows(run_dir)
+    assert summary["frames"] == 1024 and summary["stop_reason"] == "total_frames"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dataclasses import replace
@@ -127,6 +128,34 @@ def test_an_env_that_hangs_or_raises_in_the_probe_is_a_probe_error_not_a_hung_ru
     assert time.monotonic() - started < 5
     with pytest.raises(layout.ProbeError, match="the env raised RuntimeError: boom at step 5"):
         layout._time_env_bounded(FaultyEnvFactory(at_step=5, fault="raise"), 0.1)
+
+
+class _ArrayActionEnv:
+    """Calls array methods on its action, as CarRacing-v3 does (``action.astype``): lists would fail."""
+
+    def __init__(self, space: str) -> None:
+        import gymnasium as gym
+
+        self.observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+        self.action_space = gym.spaces.Box(-1, 1, (3,), np.float32) if space == "box" else gym.spaces.Discrete(4)
+
+    def reset(self, seed=None):  # noqa: ANN001, ANN201
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):  # noqa: ANN001, ANN201
+        assert action.astype(np.float64).shape == self.action_space.shape, "an array (or numpy integer) action"
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("space", ["box", "discrete"])
+def test_the_probe_steps_envs_with_the_actions_a_worker_passes(space):
+    from pipeline.plan import probes
+
+    wall, cpu = probes._time_env_bounded(lambda: _ArrayActionEnv(space), 0.05)
+    assert wall > 0 and cpu >= 0
 
 
 # CartPole PPO's learner: about 100 us of driver CPU per collected frame (8-20 epochs of 256 rows)

@@ -72,3 +72,48 @@ def test_mujoco_warnings_go_to_logging_not_to_a_file_in_the_working_directory(tm
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
     assert "settotalmass" not in done.stderr + done.stdout
+
+
+def _box2d_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("Box2D") is not None
+
+
+def test_env_gym_with_a_family_id_composes_as_the_family_option():
+    """A user names the env: env=gym env.id=LunarLander-v3 gets what env=box2d sets (16 envs, the Box2D preset)."""
+    from omegaconf import OmegaConf
+
+    from pipeline.plan.presets import env_option_for, with_env_option
+
+    as_gym = compose("env=gym", "env.id=LunarLander-v3", "trainer.lr=0.001")
+    as_family = compose("env=box2d", "env.id=LunarLander-v3", "trainer.lr=0.001")
+    assert OmegaConf.to_container(as_gym) == OmegaConf.to_container(as_family)
+    assert (as_gym.env.num_envs, as_gym.trainer.target_return, as_gym.trainer.lr) == (16, 200.0, 0.001)
+    assert compose("env=gym", "env.id=Acrobot-v1").env.name == "gym", "a family without its own option stays"
+    assert env_option_for({"env": "gym"}, "HalfCheetah-v5") == "mujoco"
+    assert env_option_for({"env": "box2d"}, "LunarLander-v3") is None, "only the generic option is re-chosen"
+    assert with_env_option(["env=gym", "env.id=X", "seed=2"], "box2d") == ["env=box2d", "env.id=X", "seed=2"]
+    assert with_env_option(["env.id=X"], "box2d") == ["env.id=X", "env=box2d"]
+    rechosen = preset_choice({"specialize": "ppo_box2d", "trainer": "ppo", "env": "box2d"}, "LunarLander-v3",
+                             rechosen="box2d")
+    assert render.preset(rechosen).endswith("(LunarLander-v3 is a box2d env, so env=gym runs as env=box2d)")
+    without = preset_choice({"specialize": "dqn_mujoco", "trainer": "dqn", "env": "mujoco"}, "Hopper-v5",
+                            rechosen="mujoco")
+    assert without.code == "family_without_preset"
+    assert render.preset(without) == ("none for trainer=dqn: Hopper-v5 is a mujoco env, so env=gym runs as "
+                                      "env=mujoco, which has no dqn preset")
+
+
+@pytest.mark.skipif(not _box2d_installed(), reason="the box2d extra is not installed")
+def test_a_run_of_env_gym_with_lunarlander_says_it_ran_as_env_box2d(tmp_path):
+    from tests.conftest import run_pipeline
+
+    run_dir = tmp_path / "run"
+    proc = run_pipeline(["env=gym", "env.id=LunarLander-v3", "trainer.frames_per_batch=256", "trainer.minibatches=4",
+                         "trainer.total_frames=512", "logger=jsonl", "workers=thread", f"hydra.run.dir={run_dir}"],
+                        tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "specialize/ppo_box2d.yaml" in proc.stdout and "so env=gym runs as env=box2d" in proc.stdout
+    saved = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "name: box2d" in saved and "gamma: 0.999" in saved

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from components.kinds import ServerKind, WorkerKind
+
 
 @dataclass(frozen=True)
 class GraphSpec:
@@ -48,10 +50,8 @@ class GraphSpec:
     worker_threads: int = 1
 
     def __post_init__(self) -> None:
-        if self.workers not in ("thread", "process"):
-            raise ValueError(f"workers must be thread or process, got {self.workers!r}")
-        if self.server not in ("thread", "process", "inline"):
-            raise ValueError(f"server must be thread, process or inline, got {self.server!r}")
+        WorkerKind.check("workers", self.workers)
+        ServerKind.check("server", self.server)
         if min(self.num_envs, self.envs_per_worker, self.chunk_len, self.splits, self.worker_threads) < 1:
             raise ValueError("num_envs, envs_per_worker, chunk_len, splits and worker_threads must be >= 1")
         if self.concurrent_envs and self.splits != 1:

@@ -14,6 +14,7 @@ from components.collector.worker import run_worker
 from components.collector.worker_control import WorkerControl
 from components.collector.env_block import EnvBlock
 from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
+from components.portable import portable
 from components.threads import child_pools, pin_pools
 
 
@@ -174,7 +175,7 @@ class ProcessWorkers:
         cpus = list(affinity[a.worker % len(affinity)]) if affinity else None
         process = self._ctx.Process(
             target=_process_main,
-            args=(a, factory, channels, writer, control, mode, response_keys, cpus, self._nice,
+            args=(a, portable(factory), channels, writer, control, mode, response_keys, cpus, self._nice,
                   os.getpid(), on_main_thread(), self.threads),
             name=f"env-worker-{a.worker}",
             daemon=True,

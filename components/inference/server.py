@@ -8,9 +8,8 @@ until told to stop. They share everything else too: weights arrive through
 answered by a small thread (so the serve loop never pays for them), a
 failure is a message in a shared control block (:class:`ServerError` on
 the driver side), and the clients learn of the server's death from the
-transport's liveness pipe, which closes when the server ends however it
-ends. Only what cannot be shared differs: a process ties its life to the
-driver and sets its own torch threads and seed.
+transport's liveness pipe, which closes when the server ends however it ends. Only what
+cannot be shared differs: a process ties its life to the driver and sets its own torch threads and seed.
 
 A server can also be alive and frozen (a process the kernel stopped, a
 forward pass that never returns): the serve loop beats a progress clock in
@@ -35,13 +34,14 @@ from components.inference.loop import SERVER_ACTIVITIES, SERVER_STARTING, ServeL
 from components.inference.slots import SlotTransport
 from components.inference.stats import STAT_KEYS, ServerStats
 from components.inference.weights import shared_weights, state_of
+from components.kinds import WorkerKind
 from components.lifecycle import become_child, force_stop, on_main_thread, set_affinity, start_immune
 from components.threads import child_pools, pin_pools, report_pools
 from components.models import ModelSpec
 from components.procname import set_name
 from components.shm import FieldSpec, SharedArena
 
-PLACEMENTS = ("thread", "process")
+PLACEMENTS = WorkerKind.words()  # where a server runs (server=inline is none: a policy copy per worker)
 _STARTING, _READY, _FAILED, _STOPPED = 0, 1, 2, 3
 _ERROR_BYTES = 4096
 #: Interval counters: what an already-read final snapshot resets to zero.

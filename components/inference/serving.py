@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.kinds import EngineKind
 from components.inference.numpy_engine import NumpyActorCriticEngine, NumpyQNetworkEngine
 from components.models import ActorCritic, CategoricalHead, QNetwork
 
-ENGINES = ("auto", "torch", "numpy")
+ENGINES = EngineKind.words()
 
 
 class TorchEngine:

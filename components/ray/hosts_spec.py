@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from components.kinds import RayScheduling, WorkerKind
+
 
 def split_envs(num_envs: int, num_hosts: int) -> list[int]:
     """Near-equal env counts per host, larger first.
@@ -30,10 +32,8 @@ class RayHostsSpec:
             raise ValueError(f"the number of env hosts must be in [1, num_envs={num_envs}], got {num_hosts}")
         if chunk_len < 1 or in_flight < 1:
             raise ValueError("chunk_len and in_flight must be >= 1")
-        if local_workers not in ("thread", "process"):
-            raise ValueError(f"local_workers must be thread or process, got {local_workers!r}")
-        if scheduling not in ("SPREAD", "DEFAULT"):
-            raise ValueError(f"scheduling must be SPREAD or DEFAULT, got {scheduling!r}")
+        local_workers = WorkerKind.check("local_workers", local_workers)
+        scheduling = RayScheduling.check("scheduling", scheduling)
         self.num_envs, self.num_hosts, self.chunk_len = num_envs, num_hosts, chunk_len
         self.in_flight, self.cpus_per_host = in_flight, float(cpus_per_host)
         self.resources = dict(resources or {})

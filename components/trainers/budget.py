@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.kinds import NanPolicy, TargetMetric
+
 
 @dataclass
 class RunBudget:
@@ -28,10 +30,10 @@ class RunBudget:
     #: episodes the target_return mean is taken over
     target_window: int = 20
     #: a NaN/inf reward or observation: error (stop, naming the env) or skip (cut out, counted)
-    nan_policy: str = "error"
+    nan_policy: NanPolicy = NanPolicy.error
     #: frames between greedy evaluations on separate envs (None: no evaluation)
     eval_interval: int | None = None
     #: episodes per evaluation
     eval_episodes: int = 10
     #: what target_return is compared with: "train" (the collecting policy's episodes) or "eval"
-    target_metric: str = "train"
+    target_metric: TargetMetric = TargetMetric.train

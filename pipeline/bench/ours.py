@@ -24,15 +24,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from components.kinds import ChunkingMode, ServerKind, WorkerKind
 from pipeline.bench.workload import base_overrides, command
 
 #: ``@key=value`` options of a contender name -> the config key they set
 OPTIONS = {"epw": "env.envs_per_worker", "splits": "workers.splits", "minb": "server.min_batch_size",
            "timeout": "server.timeout", "threads": "server.num_threads", "nice": "workers.nice",
            "graph": "server.static_batch_size", "conc": "workers.concurrent_envs"}
-_WORKERS = ("thread", "process")
-_SERVERS = ("thread", "process", "inline")
-_CHUNKING = ("auto", "step")
+_WORKERS = WorkerKind.words()
+_SERVERS = ServerKind.words()
+_CHUNKING = (ChunkingMode.auto.value, ChunkingMode.step.value)  # fixed needs a size: not a contender word
 
 
 def layout_overrides(name: str) -> list[str]:

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import json
 import re
+import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -55,8 +56,19 @@ def _value(node: Any) -> str:
     return f"`{node}`"
 
 
+def _type(hint: Any, written: Any) -> str:
+    """A field's type as the reference shows it: an allowed-words field lists its words."""
+    from components.kinds import Word
+
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], Word):
+        return " | ".join(args[0].words()) + (" | null" if type(None) in typing.get_args(hint) else "")
+    return str(written)
+
+
 def _table(cls: type, values: Any, where: str) -> list[str]:
     docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
     rows = ["| key | type | default | what |", "|---|---|---|---|"]
     docs.setdefault("_target_", "the class Hydra builds from this node")
     for f in dataclasses.fields(cls):
@@ -64,7 +76,7 @@ def _table(cls: type, values: Any, where: str) -> list[str]:
             raise ValueError(f"{cls.__name__}.{f.name} has no #: doc comment; the reference needs one")
         value = values.get(f.name) if values is not None and f.name in values else None
         shown = _value(value) if values is not None and f.name in values else "-"
-        ftype = str(f.type).replace("|", "\\|")
+        ftype = _type(hints.get(f.name), f.type).replace("|", "\\|")
         rows.append(f"| `{where}{f.name}` | `{ftype}` | {shown} | {docs[f.name].replace('|', '/')} |")
     return rows
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from pipeline.plan.resolve import Machine, Plan, resolve_plan, serving_engine
 from pipeline.plan.rules import device
@@ -81,6 +81,8 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     """The config ``python -m pipeline *overrides`` runs with (Hydra's composition, presets included).
 
     ``with_hydra``: keep the ``hydra`` node (its ``runtime.choices`` say which option each group got).
+    ``env=gym`` with an id of a family that has its own option is composed as that option, as the
+    runner does (:func:`family_config`).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -93,4 +95,23 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        rechosen = family_config(cfg, list(overrides), dict(cfg.hydra.runtime.choices))
+        if rechosen is not None:
+            cfg = hydra_compose("config", overrides=rechosen[1], return_hydra_config=True)
+        if not with_hydra:
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return cfg
+
+
+def family_config(cfg: DictConfig, overrides: list[str], choices: dict[str, str]) -> tuple[str, list[str]] | None:
+    """``(option, overrides)`` to compose instead when ``env=gym`` names an env of a family with its own option.
+
+    A user names the env, not our family config: ``env=gym env.id=LunarLander-v3`` runs with what
+    ``env=box2d`` sets (16 envs, the Box2D preset), not with CartPole's settings. None: keep ``cfg``.
+    """
+    from pipeline.plan.presets import env_option_for, with_env_option
+
+    option = env_option_for(choices, str(cfg.env.id))
+    return None if option is None else (option, with_env_option(overrides, option))

@@ -1,11 +1,12 @@
-"""Which hyper-parameter preset a run got, said in the plan.
+"""Which env option and hyper-parameter preset a run gets, read from the env itself.
 
 Presets are ``conf/specialize/<trainer>_<env>.yaml`` files that Hydra
 applies on their own when the pair matches (``env=mujoco`` with
-``trainer=ppo`` gets ``ppo_mujoco.yaml``). Nothing shows that in the config
-a user typed, so the plan names the file and the first line of what it
-says; and when ``env=gym`` names an env of a family that has a preset, the
-plan says which ``env=`` option would apply it.
+``trainer=ppo`` gets ``ppo_mujoco.yaml``). A user names the env, not our
+family option: ``env=gym env.id=LunarLander-v3`` runs as ``env=box2d``
+would (its env settings and its preset), because the family is read from
+the registered env's entry point (:func:`family_of`). The plan names the
+preset and, when the env option was re-chosen, why.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pipeline import CONF_DIR
 from pipeline.plan.choice import Choice
 from pipeline.plan.options import option_summary
 
-#: env= option -> the gymnasium modules its envs come from
-FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",),
+#: env= option -> the modules its envs' entry points come from
+FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",), "atari": ("ale_py",),
             # continuous classic control only: CartPole and Acrobot keep the defaults
             "classic": ("gymnasium.envs.classic_control.pendulum",
                         "gymnasium.envs.classic_control.continuous_mountain_car")}
@@ -34,20 +35,47 @@ def family_of(env_id: str) -> str | None:
     try:
         import gymnasium as gym
 
+        from components.envs import check_env_id
+
+        check_env_id(env_id)  # registers ALE's ids on the way
         entry = str(gym.spec(env_id).entry_point)
     except Exception:  # noqa: BLE001 - an unknown id is the validator's business
         return None
     return next((name for name, modules in FAMILIES.items() if entry.startswith(modules)), None)
 
 
-def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF_DIR) -> Choice[str | None] | None:
-    """The plan's ``preset`` line (``applied``, or ``available`` under another env= option), or None: nothing to say.
+#: the env= option that takes any registered id, and re-chooses its family's option for it
+GENERIC = "gym"
 
-    ``choices``: Hydra's ``runtime.choices`` (group -> option) of the run.
+
+def env_option_for(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF_DIR) -> str | None:
+    """The env= option to run ``env_id`` with when the run chose the generic ``env=gym``; None: keep the choice."""
+    if choices.get("env") != GENERIC:
+        return None
+    family = family_of(env_id)
+    return family if family and (conf_dir / "env" / f"{family}.yaml").exists() else None
+
+
+def with_env_option(overrides: list[str], option: str) -> list[str]:
+    """``overrides`` with the env group re-chosen (the other overrides, ``env.id`` included, kept as given)."""
+    out = [f"env={option}" if o.split("=", 1)[0] == "env" else o for o in overrides]
+    return out if out != list(overrides) else [*overrides, f"env={option}"]
+
+
+def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF_DIR,
+                  rechosen: str | None = None) -> Choice[str | None] | None:
+    """The plan's ``preset`` line, or None when there is nothing to say.
+
+    ``choices``: Hydra's ``runtime.choices`` (group -> option) the run
+    composed with; ``rechosen``: the family option :func:`env_option_for`
+    chose for an ``env=gym`` run (the line then says why).
     """
     name = choices.get("specialize")
+    family = {"env_id": env_id, "family": rechosen} if rechosen else {}
     if name and (conf_dir / "specialize" / f"{name}.yaml").exists():
-        return Choice(name, "applied", {"summary": _summary(conf_dir / "specialize" / f"{name}.yaml")})
+        return Choice(name, "applied", {"summary": _summary(conf_dir / "specialize" / f"{name}.yaml"), **family})
+    if rechosen:
+        return Choice(None, "family_without_preset", {**family, "trainer": choices.get("trainer", "")})
     family = family_of(env_id)
     trainer = choices.get("trainer", "")
     if family and choices.get("env") != family and (conf_dir / "specialize" / f"{trainer}_{family}.yaml").exists():

@@ -33,8 +33,8 @@ def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
+        # as the worker passes them (numpy integers and float32 arrays): some envs call array methods on them
         actions = [env.action_space.sample() for _ in range(64)]
-        actions = [a.tolist() if hasattr(a, "tolist") else a for a in actions]
         for action in actions[:4]:  # warm-up: first steps allocate
             _, _, term, trunc, _ = env.step(action)
             if term or trunc:
@@ -334,7 +334,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     from components.inference.serving import serving_engine
     from components.models import ModelSpec
 
-    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(kwargs, dict)
     model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec)
     costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),

@@ -209,8 +209,12 @@ def cpus(choice: Choice[int]) -> str:
 
 def preset(choice: Choice[str]) -> str:
     f = choice.facts
+    rechosen = (f"{f['env_id']} is a {f['family']} env, so env=gym runs as env={f['family']}"
+                if f.get("family") else "")
     if choice.code == "applied":
-        return f"specialize/{choice.value}.yaml: {f['summary']}"
+        return f"specialize/{choice.value}.yaml: {f['summary']}" + (f" ({rechosen})" if rechosen else "")
+    if choice.code == "family_without_preset":
+        return f"none for trainer={f['trainer']}: {rechosen}, which has no {f['trainer']} preset"
     return (f"none: {f['env_id']} is a {f['family']} env; env={f['family']} env.id={f['env_id']} applies "
             f"specialize/{f['file']}.yaml")
 

@@ -14,6 +14,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from components.kinds import (Activation, ChunkingMode, Direction, Encoder, EngineKind, RayScheduling, ReplayKind,
+                              ReplayStorage, ServerKind, TransportKind, WandbMode, WorkerKind, WorkersBackend)
 from components.trainers.dqn import DQNConfig
 from components.trainers.ppo import PPOConfig
 
@@ -28,7 +30,8 @@ class EnvSchema:
     num_envs: int = 8
     #: environments one worker hosts (null: auto, see the plan)
     envs_per_worker: int | None = None
-    #: ``_target_`` of a picklable ``() -> gymnasium.Env`` factory
+    #: ``_target_`` of a ``() -> gymnasium.Env`` factory (or of a function returning one: a lambda or closure reaches
+    #: process workers by value)
     factory: Any = MISSING
 
 
@@ -36,7 +39,7 @@ class EnvSchema:
 class ModelSchema:
     _target_: str = "components.models.ActorCritic"
     #: mlp (vector observations) or nature_cnn (uint8 image stacks)
-    encoder: str = "mlp"
+    encoder: Encoder = Encoder.mlp
     #: hidden widths of the MLP encoder
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     #: width of the CNN's feature layer
@@ -48,14 +51,14 @@ class ModelSchema:
     #: clip normalised observations to [-obs_clip, obs_clip]
     obs_clip: float = 10.0
     #: hidden-layer activation: tanh or relu
-    activation: str = "tanh"
+    activation: Activation = Activation.tanh
 
 
 @dataclass
 class WorkersSchema:
     #: auto (thread or process, as transport=auto measures), thread (in the driver), process (spawned,
     #: one per block) or ray (env hosts on a Ray cluster, see ray.*)
-    backend: str = "auto"
+    backend: WorkersBackend = WorkersBackend.auto
     #: blocks a worker steps alternately, one request each (2: double-buffered)
     splits: int = 1
     #: auto (as transport=auto measures), true (every env of a worker steps in its own thread and is served
@@ -77,13 +80,13 @@ class WorkersSchema:
 @dataclass
 class TransportSchema:
     #: auto or slots: every worker reaches the server's shared-memory slots (auto also places the server)
-    kind: str = "auto"
+    kind: TransportKind = TransportKind.auto
 
 
 @dataclass
 class ServerSchema:
     #: thread (in the driver), process (dedicated inference process) or inline (a policy copy in every env worker)
-    backend: str = "thread"
+    backend: ServerKind = ServerKind.thread
     #: most observation rows per forward pass
     max_batch_size: int = 256
     #: rows to wait for (up to timeout) before a forward pass
@@ -95,7 +98,7 @@ class ServerSchema:
     #: torch threads of a server process
     num_threads: int = 1
     #: how the policy is evaluated: auto (numpy for small MLPs on the CPU), torch, numpy
-    engine: str = "auto"
+    engine: EngineKind = EngineKind.auto
     #: CUDA only: pad batches to this many rows and replay a captured CUDA graph (null: off)
     static_batch_size: int | None = None
     #: times a dead inference server is restarted (latest weights, all workers with fresh envs) per run
@@ -140,7 +143,7 @@ class CollectorSchema:
 @dataclass
 class ChunkingSchema:
     #: auto, step (1 step per message) or fixed (size steps per message)
-    mode: str = "auto"
+    mode: ChunkingMode = ChunkingMode.auto
     #: steps per message when mode=fixed
     size: int | None = None
     #: chunk buffers per worker (null: enough to run one batch ahead)
@@ -150,9 +153,9 @@ class ChunkingSchema:
 @dataclass
 class ReplaySchema:
     #: none (on-policy: learn from each batch once), uniform or prioritized
-    kind: str = "none"
+    kind: ReplayKind = ReplayKind.none
     #: memory (preallocated tensors) or disk (memory-mapped files in the run directory)
-    storage: str = "memory"
+    storage: ReplayStorage = ReplayStorage.memory
     #: transitions kept (circular overwrite)
     capacity: int = 100_000
     #: store each frame of uint8 frame stacks once: auto (when observations are stacks), true, false (any case)
@@ -200,7 +203,7 @@ class LoggerSchema:
     #: end of the run (wandb's finish included), before the run goes on without it (the process is killed)
     wandb_timeout: float = 60.0
     #: wandb mode: offline, online or disabled (null: $WANDB_MODE, else offline)
-    mode: str | None = None
+    mode: WandbMode | None = None
     #: false: tensorboard and wandb write from a child process, so their Python never takes the
     #: driver's GIL from the trainer (measured: the default CartPole loop 8.6 s -> 7.0 s); true: in the driver
     in_process: bool = False
@@ -237,7 +240,7 @@ class SweepSchema:
     #: what a sweep job returns (the optuna sweeper optimises it): a key of the summary row
     objective: str = "episode/return_mean"
     #: maximize or minimize (the optuna study's direction unless hydra.sweeper.direction is given)
-    direction: str = "maximize"
+    direction: Direction = Direction.maximize
 
 
 @dataclass
@@ -254,14 +257,14 @@ class RaySchema:
     #: custom resources each env host needs, e.g. {env_node: 1} to place hosts on nodes that offer it
     resources: dict[str, float] = field(default_factory=dict)
     #: SPREAD (hosts on as many nodes as possible) or DEFAULT (Ray packs them)
-    scheduling: str = "SPREAD"
+    scheduling: RayScheduling = RayScheduling.SPREAD
     #: deprecated (a note says so): env steps per chunk; chunking=fixed chunking.size=N now says it for hosts too
     #: (null: the chunking group decides, as for process workers)
     chunk_len: int | None = None
     #: most chunk requests a host has outstanding (fewer while one batch is made ahead: that bounds the policy lag)
     in_flight: int = 2
     #: how a host steps its envs: thread (one worker thread) or process (one worker process per CPU)
-    local_workers: str = "thread"
+    local_workers: WorkerKind = WorkerKind.thread
     #: seconds to start every env host (placement included) before the run fails
     start_timeout: float = 120.0
     #: Ray runtime_env for the hosts (e.g. {working_dir: .} when the cluster's nodes lack this project)

@@ -1,7 +1,8 @@
 """Value checks on a composed config, before anything is built or started.
 
-Types and key names are already enforced by the schemas at compose time;
-here live ranges, allowed words, cross-group rules and facts about the
+Types, key names and allowed words (:mod:`components.kinds`) are already
+enforced by the schemas at compose time;
+here live ranges, cross-group rules and facts about the
 machine (is there CUDA, do those CPUs exist, is that env id registered).
 Each failure is one :class:`ConfigError` line, ``key=value: what is
 allowed``; the runner prints it and exits with code 2. A key missing from
@@ -20,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components.envs import EnvConfigError, check_env_id
+from components.kinds import Word
 from components.metrics import check_sinks
-from pipeline.runner.sweep import DIRECTIONS, OBJECTIVES
 
 
 class ConfigError(ValueError):
@@ -48,7 +49,7 @@ def _get(cfg: DictConfig, key: str, allowed: str = "set by its config group") ->
             node = node[part]
         except OmegaConfBaseException as err:  # a broken interpolation
             raise ConfigError(f"{key}=<unresolved>: must be {allowed} ({_first_line(str(err))})") from None
-    return node
+    return str(node) if isinstance(node, Word) else node  # an allowed word, said as the user wrote it
 
 
 def _check(cfg: DictConfig, key: str, ok: Callable[[Any], bool], allowed: str) -> None:
@@ -64,6 +65,9 @@ def _check(cfg: DictConfig, key: str, ok: Callable[[Any], bool], allowed: str) -
 def _one_of(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
     _check(cfg, key, lambda v: v in choices, "one of " + ", ".join(choices))
 
+
+#: what a sweep job may return (``sweep.objective``): keys of the run's summary row
+OBJECTIVES = ("episode/return_mean", "collector/frames_per_s", "wall_time_s")
 
 _DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?|mps)$")
 _DEVICE_KEYS = ("policy_device", "trainer_device", "storing_device")
@@ -141,8 +145,6 @@ def _validate_ray(cfg: DictConfig) -> None:
         raise ConfigError("chunking.chunks_per_worker: not used with workers=ray (ray.in_flight bounds the chunks "
                           "each host has outstanding)")
     _check(cfg, "ray.start_timeout", lambda v: v > 0, "> 0 seconds")
-    _one_of(cfg, "ray.local_workers", ("thread", "process"))
-    _one_of(cfg, "ray.scheduling", ("SPREAD", "DEFAULT"))
     if _get(cfg, "collector.reset_at_each_iter"):
         raise ConfigError("collector.reset_at_each_iter=true: not available with workers=ray (hosts run ahead "
                           "of the batches the driver cuts)")
@@ -170,8 +172,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "server.max_restarts", lambda v: v >= 0, ">= 0 (0: a dead server fails the run)")
     if get("server.step_timeout") is not None:
         _check(cfg, "server.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no server hang watchdog)")
-    _one_of(cfg, "trainer.nan_policy", ("error", "skip"))
-    _one_of(cfg, "trainer.target_metric", ("train", "eval"))
     if get("trainer.eval_interval") is not None:
         _check(cfg, "trainer.eval_interval", lambda v: v >= 1, ">= 1 frames (or null: no evaluation)")
     elif get("trainer.target_metric") == "eval":
@@ -190,8 +190,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             raise ConfigError(f"env.id={env_id!r}: {err}") from None
 
     # model
-    _one_of(cfg, "model.encoder", ("mlp", "nature_cnn"))
-    _one_of(cfg, "model.activation", ("tanh", "relu"))
     _check(cfg, "model.hidden", lambda v: len(v) > 0 and all(int(h) >= 1 for h in v), "a non-empty list of widths >= 1")
     _check(cfg, "model.obs_clip", lambda v: v > 0, "> 0")
     if get("model.obs_norm"):
@@ -202,7 +200,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
             raise ConfigError("model.obs_norm=true: implemented for actor-critics (trainer=ppo), not Q-networks")
 
     # workers / transport / server
-    _one_of(cfg, "workers.backend", ("auto", "thread", "process", "ray"))
     workers_backend = get("workers.backend")
     _check(cfg, "workers.concurrent_envs", lambda v: str(v).lower() in ("auto", "true", "false"),
            "auto, true or false")
@@ -222,15 +219,12 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
                     f"workers.affinity={[list(a) for a in affinity]!r}: every set must be non-empty and "
                     f"within the usable CPUs {sorted(usable)}"
                 )
-    _one_of(cfg, "transport.kind", ("auto", "slots"))
-    _one_of(cfg, "server.backend", ("thread", "process", "inline"))
     for key in ("server.max_batch_size", "server.min_batch_size", "server.stats_reservoir", "server.num_threads"):
         _check(cfg, key, *positive)
     min_batch, max_batch = get("server.min_batch_size"), get("server.max_batch_size")
     if min_batch > max_batch:
         raise ConfigError(f"server.min_batch_size={min_batch}: must be <= server.max_batch_size={max_batch}")
     _check(cfg, "server.timeout", *non_negative)
-    _one_of(cfg, "server.engine", ("auto", "torch", "numpy"))
 
     # device (env workers, shared buffers and server responses always live in host memory)
     for key in _DEVICE_KEYS:
@@ -255,7 +249,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
                               f"device.policy_device=cuda (got {policy_device!r})")
 
     # chunking
-    _one_of(cfg, "chunking.mode", ("auto", "step", "fixed"))
     if get("chunking.mode") == "fixed":
         _check(cfg, "chunking.size", lambda v: v is not None and v >= 1, ">= 1 with chunking=fixed")
     if get("chunking.chunks_per_worker") is not None:
@@ -274,7 +267,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
                               f"usable CPUs {sorted(usable)} (or null)")
 
     # replay / trainer: the trainer group decides the algorithm, trainer.name must agree
-    _one_of(cfg, "replay.kind", ("none", "uniform", "prioritized"))
     algorithm = trainer_algorithm(cfg)
     name = get("trainer.name")
     if name != algorithm:
@@ -288,7 +280,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     if algorithm == "dqn" and replay_kind == "none":
         raise ConfigError("replay.kind='none': trainer=dqn needs a replay buffer (replay=uniform or replay=prioritized)")
     if replay_kind != "none":
-        _one_of(cfg, "replay.storage", ("memory", "disk"))
         # YAML and Hydra read true/false as booleans and the str field keeps them as 'True'/'False'
         _check(cfg, "replay.frame_dedup", lambda v: str(v).lower() in _FRAME_DEDUP,
                "one of " + ", ".join(_FRAME_DEDUP) + " (any case)")
@@ -339,8 +330,5 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "logger.queue_rows", lambda v: v >= 1, ">= 1 rows")
     _check_extra_sinks(list(get("logger.extra_sinks") or []))
     _one_of(cfg, "sweep.objective", OBJECTIVES)
-    _one_of(cfg, "sweep.direction", DIRECTIONS)
-    if get("logger.mode") is not None:
-        _one_of(cfg, "logger.mode", ("offline", "online", "disabled"))
     _check(cfg, "torch_threads", *positive)
     _check(cfg, "seed", *non_negative)

@@ -22,7 +22,7 @@ from pipeline.plan.resolve import Plan
 
 def model_spec_for(cfg: DictConfig) -> ModelSpec:
     """What every policy copy is rebuilt from (the server's, each inline worker's, the learner's)."""
-    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(kwargs, dict)
     return ModelSpec(str(kwargs.pop("_target_")), kwargs)
 

@@ -41,7 +41,7 @@ from pipeline.runner.evaluation import EvaluationError, Evaluator
 from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
 from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
 from pipeline.plan import Choice, Machine, Plan
-from pipeline.plan.inputs import plan_config
+from pipeline.plan.inputs import family_config, plan_config
 from pipeline.plan.ray import connect_ray
 from pipeline.plan.presets import preset_choice
 from pipeline.runner.resume import rewind_metrics
@@ -187,7 +187,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                                 frames_per_batch=algo.frames_per_batch)
     # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain words: weights_only loads it
     assert isinstance(resolved, dict)
     logger = instantiate(cfg.logger, run_dir=run_dir, name=run_dir.name, run_config=resolved,
                          resume_id=restored.get("wandb_id") if restored else None, overrides=job.overrides,
@@ -367,10 +367,17 @@ def main_from_hydra(cfg: DictConfig) -> float | None:
         record = sweep.started(sweep_dir, int(hydra_cfg.job.num), overrides, run_dir)
         concurrent = concurrent_jobs(hydra_cfg, Machine.detect().cpus)
     error = None
+    choices, rechosen = dict(hydra_cfg.runtime.choices), None
+    family = family_config(cfg, overrides, choices)
+    if family is not None:  # env=gym with a Box2D, MuJoCo, Atari... id: run as its family's option would
+        from hydra import compose
+
+        rechosen, cfg = family[0], compose(config_name="config", overrides=family[1])
+        choices.update(env=rechosen, specialize=f"{choices.get('trainer')}_{rechosen}")
     try:
         code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), overrides),
                    sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent,
-                   preset=preset_choice(hydra_cfg.runtime.choices, str(cfg.env.id)))
+                   preset=preset_choice(choices, str(cfg.env.id), rechosen=rechosen))
     except ConfigError as err:
         error = f"config error: {err}"
         print(error, file=sys.stderr, flush=True)

@@ -170,7 +170,7 @@ def project_configs() -> ProjectConfigs:
             if group:
                 groups.setdefault(group, set()).add(name.removesuffix(".yaml"))
             stored = store.load(path)
-            content = OmegaConf.to_container(stored.node, resolve=False, throw_on_missing=False) \
+            content = OmegaConf.to_container(stored.node, resolve=False, throw_on_missing=False, enum_to_str=True) \
                 if OmegaConf.is_config(stored.node) else stored.node
             _walk_targets(content, (stored.package or group).replace("/", "."), targets, nodes)
 

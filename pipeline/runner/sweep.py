@@ -27,8 +27,6 @@ from typing import Any
 from components.atomic_files import write_atomic
 
 JOBS_DIR = ".jobs"
-OBJECTIVES = ("episode/return_mean", "collector/frames_per_s", "wall_time_s")
-DIRECTIONS = ("maximize", "minimize")
 
 
 @dataclass
