@@ -22,13 +22,27 @@ class EnvConfigError(ValueError):
     """An environment the user named cannot be built (bad id, missing extra)."""
 
 
+#: observation kinds: a Box, a Discrete (one int64 scalar), a MultiDiscrete (int64 vector), a MultiBinary (int8)
+OBS_KINDS = ("box", "discrete", "multi_discrete", "multi_binary")
+#: action kinds: Discrete (an int64 scalar), Box (float32), MultiDiscrete (int64 vector), MultiBinary (int8)
+ACTION_KINDS = ("discrete", "continuous", "multi_discrete", "multi_binary")
+_SUPPORTED = ("Box, Discrete, MultiDiscrete or MultiBinary observations; Discrete, Box, MultiDiscrete or "
+              "MultiBinary actions")
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What the rest of the graph needs to know about an env, without the env.
 
     ``action_kind`` is ``"discrete"`` (``action_n`` choices, int64 scalar
-    actions) or ``"continuous"`` (float32 vectors of ``action_shape`` within
-    ``action_low``..``action_high``).
+    actions), ``"continuous"`` (float32 vectors of ``action_shape`` within
+    ``action_low``..``action_high``), ``"multi_discrete"`` (int64 arrays of
+    ``action_shape``, component ``i`` in ``[0, action_nvec[i])``) or
+    ``"multi_binary"`` (int8 0/1 arrays of ``action_shape``).
+    ``obs_kind`` says how observations encode: ``box`` (values as they are),
+    ``discrete`` / ``multi_discrete`` (categories: component ``i`` in
+    ``obs_start[i] .. obs_start[i] + obs_nvec[i] - 1``, one-hot encoded by the
+    default models) or ``multi_binary`` (0/1 flags).
     """
 
     obs_shape: tuple[int, ...]
@@ -38,10 +52,59 @@ class EnvSpec:
     action_shape: tuple[int, ...] = ()
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
+    obs_kind: str = "box"
+    #: categories per observation component (discrete kinds; flattened for a MultiDiscrete of any shape)
+    obs_nvec: tuple[int, ...] = ()
+    #: the first category of each observation component (gymnasium's ``start``)
+    obs_start: tuple[int, ...] = ()
+    #: choices per action component (multi_discrete, flattened)
+    action_nvec: tuple[int, ...] = ()
 
     @property
     def action_dtype(self) -> str:
-        return "int64" if self.action_kind == "discrete" else "float32"
+        return {"discrete": "int64", "multi_discrete": "int64", "multi_binary": "int8"}.get(self.action_kind, "float32")
+
+    @property
+    def categorical_obs(self) -> bool:
+        """Observations are categories (Discrete, MultiDiscrete): encoded one-hot, not as numbers."""
+        return self.obs_kind in ("discrete", "multi_discrete")
+
+    def zero_observation(self) -> np.ndarray:
+        """An observation every space of this kind contains: zeros, or each component's first category."""
+        if self.categorical_obs:
+            return np.asarray(self.obs_start, np.int64).reshape(self.obs_shape)
+        return np.zeros(self.obs_shape, self.obs_dtype)
+
+    def zero_actions(self, rows: int) -> np.ndarray:
+        """``rows`` actions of this spec (zeros: in every action space of its kind but a Box that excludes 0)."""
+        return np.zeros((rows, *self.action_shape), self.action_dtype)
+
+    def spaces(self) -> tuple[Any, Any]:
+        """Gymnasium observation and action spaces this spec reads back from (probes and fake envs)."""
+        from gymnasium import spaces
+
+        shape = self.obs_shape
+        if self.obs_kind == "discrete":
+            obs: Any = spaces.Discrete(self.obs_nvec[0], start=self.obs_start[0])
+        elif self.obs_kind == "multi_discrete":
+            obs = spaces.MultiDiscrete(np.reshape(self.obs_nvec, shape), start=np.reshape(self.obs_start, shape))
+        elif self.obs_kind == "multi_binary":
+            obs = spaces.MultiBinary(list(shape))
+        elif np.dtype(self.obs_dtype).kind == "f":
+            obs = spaces.Box(-np.inf, np.inf, shape, np.dtype(self.obs_dtype))
+        else:
+            info = np.iinfo(np.dtype(self.obs_dtype))
+            obs = spaces.Box(info.min, info.max, shape, np.dtype(self.obs_dtype))
+        if self.action_kind == "discrete":
+            action: Any = spaces.Discrete(max(1, self.action_n))
+        elif self.action_kind == "multi_discrete":
+            action = spaces.MultiDiscrete(np.reshape(self.action_nvec, self.action_shape))
+        elif self.action_kind == "multi_binary":
+            action = spaces.MultiBinary(list(self.action_shape))
+        else:
+            action = spaces.Box(np.reshape(np.asarray(self.action_low, np.float32), self.action_shape),
+                                np.reshape(np.asarray(self.action_high, np.float32), self.action_shape), dtype=np.float32)
+        return obs, action
 
     def observation_field(self, name: str = "observation") -> FieldSpec:
         return FieldSpec(name, self.obs_shape, self.obs_dtype)
@@ -51,32 +114,42 @@ class EnvSpec:
 
     @classmethod
     def from_env(cls, env: Any) -> EnvSpec:
-        """Read the spec off a constructed gymnasium env."""
+        """Read the spec off a constructed gymnasium env (a space it cannot carry is one EnvConfigError line)."""
         from gymnasium import spaces
 
         obs_space, act_space = env.observation_space, env.action_space
+        obs: dict[str, Any]
         if isinstance(obs_space, spaces.Box):
-            obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype).name
+            obs = {"obs_shape": tuple(obs_space.shape), "obs_dtype": np.dtype(obs_space.dtype).name}
         elif isinstance(obs_space, spaces.Discrete):
-            obs_shape, obs_dtype = (), "int64"
+            obs = {"obs_shape": (), "obs_dtype": "int64", "obs_kind": "discrete", "obs_nvec": (int(obs_space.n),),
+                   "obs_start": (int(obs_space.start),)}
+        elif isinstance(obs_space, spaces.MultiDiscrete):
+            obs = {"obs_shape": tuple(obs_space.shape), "obs_dtype": "int64", "obs_kind": "multi_discrete",
+                   "obs_nvec": tuple(int(n) for n in np.ravel(obs_space.nvec)),
+                   "obs_start": tuple(int(s) for s in np.ravel(obs_space.start))}
+        elif isinstance(obs_space, spaces.MultiBinary):
+            obs = {"obs_shape": tuple(obs_space.shape), "obs_dtype": "int8", "obs_kind": "multi_binary"}
         else:
-            raise EnvConfigError(
-                f"observation space {obs_space} is not supported (Box or Discrete only)"
-            )
+            raise EnvConfigError(f"observation space {obs_space} is not supported ({_SUPPORTED})")
         if isinstance(act_space, spaces.Discrete):
-            return cls(obs_shape, obs_dtype, "discrete", action_n=int(act_space.n))
+            if int(act_space.start) != 0:
+                raise EnvConfigError(f"action space {act_space}: a Discrete space with start={act_space.start} is "
+                                     "not supported (actions are 0..n-1)")
+            return cls(**obs, action_kind="discrete", action_n=int(act_space.n))
         if isinstance(act_space, spaces.Box):
-            return cls(
-                obs_shape,
-                obs_dtype,
-                "continuous",
-                action_shape=tuple(act_space.shape),
-                action_low=tuple(float(x) for x in np.ravel(act_space.low)),
-                action_high=tuple(float(x) for x in np.ravel(act_space.high)),
-            )
-        raise EnvConfigError(
-            f"action space {act_space} is not supported (Discrete or Box only)"
-        )
+            return cls(**obs, action_kind="continuous", action_shape=tuple(act_space.shape),
+                       action_low=tuple(float(x) for x in np.ravel(act_space.low)),
+                       action_high=tuple(float(x) for x in np.ravel(act_space.high)))
+        if isinstance(act_space, spaces.MultiDiscrete):
+            if np.any(np.asarray(act_space.start) != 0):
+                raise EnvConfigError(f"action space {act_space}: a MultiDiscrete space with a non-zero start is "
+                                     "not supported (component i is 0..nvec[i]-1)")
+            return cls(**obs, action_kind="multi_discrete", action_shape=tuple(act_space.shape),
+                       action_nvec=tuple(int(n) for n in np.ravel(act_space.nvec)))
+        if isinstance(act_space, spaces.MultiBinary):
+            return cls(**obs, action_kind="multi_binary", action_shape=tuple(act_space.shape))
+        raise EnvConfigError(f"action space {act_space} is not supported ({_SUPPORTED})")
 
 
 def env_seeds(seed: int, num_envs: int, restart: int = 0) -> list[int]:

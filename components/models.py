@@ -17,11 +17,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from components.envs import EnvSpec
+from components.heads import BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, head_for
 from components.interaction import InteractionMode
 from components.normalization import RunningNorm
+from components.obs_input import ObservationInput
+
+__all__ = ["ActorCritic", "BernoulliHead", "CategoricalHead", "GaussianHead", "ModelSpec", "MultiCategoricalHead",
+           "NatureCNN", "QNetwork", "mlp"]
 
 
 def _layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -66,51 +70,6 @@ class NatureCNN(nn.Module):
         return self.fc(self.convs(obs.float() / 255.0))
 
 
-class CategoricalHead(nn.Module):
-    """Discrete actions: samples with the Gumbel-max trick, greedy is argmax."""
-
-    def act(self, logits: torch.Tensor, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs = F.log_softmax(logits, dim=-1)
-        noise = torch.rand_like(log_probs).clamp_(min=1e-20).log_().neg_().log_()
-        action = (log_probs - noise).argmax(-1)
-        if greedy is not None:
-            action = torch.where(greedy, log_probs.argmax(-1), action)
-        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-    def evaluate(self, logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs = F.log_softmax(logits, dim=-1)
-        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_prob, entropy
-
-
-class GaussianHead(nn.Module):
-    """Continuous actions: a diagonal Gaussian with a state-independent log-std.
-
-    Actions are sampled unbounded (the env block clips them to the action
-    box), so the stored log-probability matches the sampled action exactly.
-    """
-
-    def __init__(self, dim: int, init_log_std: float = 0.0) -> None:
-        super().__init__()
-        self.log_std = nn.Parameter(torch.full((dim,), init_log_std))
-
-    def act(self, mean: torch.Tensor, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        std = self.log_std.exp()
-        action = mean + std * torch.randn_like(mean)
-        if greedy is not None:
-            action = torch.where(greedy.unsqueeze(-1), mean, action)
-        return action, self._log_prob(mean, action)
-
-    def _log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        var = (2 * self.log_std).exp()
-        return (-((action - mean) ** 2) / (2 * var) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-    def evaluate(self, mean: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[0])
-        return self._log_prob(mean, action), entropy
-
-
 def _greedy_rows(modes: torch.Tensor | None) -> torch.Tensor | None:
     # No "any greedy row?" shortcut: reading it back would synchronise with
     # the device and make the forward impossible to capture in a CUDA graph.
@@ -153,19 +112,20 @@ class ActorCritic(nn.Module):
         act = _ACTIVATIONS[activation]
         #: running observation normalisation (part of the weights; see components.normalization)
         self.obs_norm: RunningNorm | None = None
-        if spec.action_kind == "discrete":
-            self.head: nn.Module = CategoricalHead()
-            action_dim = spec.action_n
-        else:
-            action_dim = int(math.prod(spec.action_shape))
-            self.head = GaussianHead(action_dim, init_log_std)
+        self.head: nn.Module = head_for(spec, init_log_std)
+        action_dim = self.head.dim
+        #: how observations become features (one-hot for categorical ones): see components.obs_input
+        self.inputs = ObservationInput(spec)
         if encoder == "mlp":
-            in_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
+            in_dim = self.inputs.out_dim
             hidden = tuple(hidden)
             self.shared: nn.Module | None = None
             self.actor = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], action_dim), 0.01))
             self.critic = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], 1), 1.0))
             if obs_norm:
+                if spec.categorical_obs:
+                    raise ValueError("model.obs_norm=true: the observations are categories (one-hot encoded), "
+                                     "there is nothing to normalise")
                 self.obs_norm = RunningNorm((in_dim,), clip=obs_clip)
         elif encoder == "nature_cnn":
             if obs_norm:
@@ -181,7 +141,7 @@ class ActorCritic(nn.Module):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.shared is not None:
             return self.shared(obs)
-        x = obs.reshape(obs.shape[0], -1).float()
+        x = self.inputs(obs)
         return x if self.obs_norm is None else self.obs_norm(x)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,16 +154,12 @@ class ActorCritic(nn.Module):
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         params, value = self(inputs["observation"])
-        action, log_prob = self.head.act(params, _greedy_rows(modes))
-        if self.spec.action_kind == "continuous":
-            action = action.reshape(action.shape[0], *self.spec.action_shape)
+        action, log_prob = self.head.act(params, _greedy_rows(modes))  # in the action space's shape
         return {"action": action, "sample_log_prob": log_prob, "state_value": value}
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability of ``action``, entropy and value, for the loss."""
         params, value = self(obs)
-        if self.spec.action_kind == "continuous":
-            action = action.reshape(action.shape[0], -1)
         log_prob, entropy = self.head.evaluate(params, action)
         return log_prob, entropy, value
 
@@ -245,11 +201,12 @@ class QNetwork(nn.Module):
             raise ValueError("model.obs_norm=true: observation normalisation is implemented for actor-critics "
                              "(trainer=ppo), not for Q-networks")
         if spec.action_kind != "discrete":
-            raise ValueError("QNetwork needs a discrete action space (use trainer=ppo for continuous actions)")
+            raise ValueError(f"QNetwork needs a Discrete action space, not {spec.action_kind} actions (use trainer=ppo)")
         self.spec = spec
         act = _ACTIVATIONS[activation]
+        self.inputs = ObservationInput(spec)
         if encoder == "mlp":
-            in_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
+            in_dim = self.inputs.out_dim
             hidden = tuple(hidden)
             self.shared: nn.Module | None = None
             self.head = nn.Sequential(mlp(in_dim, hidden, act), _layer_init(nn.Linear(hidden[-1], spec.action_n), 1.0))
@@ -263,7 +220,7 @@ class QNetwork(nn.Module):
         self.register_buffer("epsilon", torch.ones(()))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.shared(obs) if self.shared is not None else obs.reshape(obs.shape[0], -1).float()
+        x = self.shared(obs) if self.shared is not None else self.inputs(obs)
         return self.head(x)
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -281,3 +283,62 @@ def closure_env_factory(env_id: str = "CartPole-v1"):  # noqa: ANN201 - what a u
     import gymnasium as gym
 
     return lambda: gym.make(env_id)
+
+
+class MatchEnv:
+    """Observations and actions of any flat space; the reward counts the action components that match the target.
+
+    ``obs``: multi_discrete (the target itself, 3 components of 3), multi_binary or discrete (target as one
+    category). ``act``: multi_discrete ([3, 3, 3]) or multi_binary (3 flags: the target's components modulo 2).
+    Every action is checked against the action space (an action off the space raises), episodes last 8 steps.
+    A random policy scores about 8 x 1 (multi_discrete) or 8 x 1.5 (multi_binary); the best one 24.
+    """
+
+    def __init__(self, obs: str = "multi_discrete", act: str = "multi_discrete", seed: int = 0) -> None:
+        import gymnasium as gym
+
+        self.obs_kind, self.act_kind = obs, act
+        self.observation_space = {"multi_discrete": gym.spaces.MultiDiscrete([3, 3, 3]),
+                                  "multi_binary": gym.spaces.MultiBinary(3),
+                                  "discrete": gym.spaces.Discrete(27, start=5)}[obs]
+        self.action_space = gym.spaces.MultiDiscrete([3, 3, 3]) if act == "multi_discrete" else gym.spaces.MultiBinary(3)
+        self._rng = np.random.default_rng(seed)
+        self._target = np.zeros(3, np.int64)
+        self._t = 0
+
+    def _obs(self) -> Any:
+        if self.obs_kind == "multi_discrete":
+            return self._target.copy()
+        if self.obs_kind == "multi_binary":
+            return (self._target % 2).astype(np.int8)
+        return int(5 + self._target[0] * 9 + self._target[1] * 3 + self._target[2])
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._target = self._rng.integers(0, 3, 3)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is off the action space {self.action_space}")
+        goal = self._target if self.act_kind == "multi_discrete" else self._target % 2
+        reward = float(np.sum(np.asarray(action) == goal))
+        self._t += 1
+        self._target = self._rng.integers(0, 3, 3)
+        return self._obs(), reward, False, self._t >= 8, {}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class MatchEnvFactory:
+    """A picklable factory of :class:`MatchEnv` (process workers import it by name)."""
+
+    obs: str = "multi_discrete"
+    act: str = "multi_discrete"
+
+    def __call__(self) -> MatchEnv:
+        return MatchEnv(self.obs, self.act)

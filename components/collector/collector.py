@@ -162,7 +162,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
                server_step_timeout: float | None) -> None:
         g = self.graph
         served = self.model_spec.build(self.env_spec).eval()
-        self.layout = derive_layout(served, self.env_spec.observation_field())
+        self.layout = derive_layout(served, self.env_spec.observation_field(), self.env_spec.zero_observation())
         rows = self._rows = g.worker_rows()
         worker_ctx: Any = self._mp if g.workers == "process" else threading
         server_ctx: Any = self._mp if g.server == "process" else threading

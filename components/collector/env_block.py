@@ -85,7 +85,8 @@ class EnvBlock:
             self.close()
             raise
         self.spec = EnvSpec.from_env(self._envs[0])
-        self._discrete = self.spec.action_kind == "discrete"
+        # actions passed one row at a time (numpy integers or int arrays); Box actions are clipped to the box
+        self._discrete = self.spec.action_kind in ("discrete", "multi_discrete", "multi_binary")
         # What the fast paths compare against (see spec_checks for what else is accepted).
         self._obs_shape, self._obs_dtype = tuple(self.spec.obs_shape), np.dtype(self.spec.obs_dtype)
         self._action_rows = (len(self._envs), *self.spec.action_shape)
@@ -96,6 +97,12 @@ class EnvBlock:
         self._cast_dtype: np.dtype | None = None
         # Integer observations (Atari frames) cannot be NaN: only float ones are checked.
         self._float_obs = np.issubdtype(np.dtype(self.spec.obs_dtype), np.floating)
+        #: categorical observations (Discrete, MultiDiscrete): the categories each component may take, checked
+        #: once per block step (a value outside would index past a one-hot encoder, in the policy's process)
+        self._categories: tuple[np.ndarray, np.ndarray] | None = None
+        if self.spec.categorical_obs:
+            low = np.asarray(self.spec.obs_start, np.int64).reshape(self._obs_shape)
+            self._categories = (low, low + np.asarray(self.spec.obs_nvec, np.int64).reshape(self._obs_shape))
         if not self._discrete:
             self._low = np.asarray(self.spec.action_low, np.float32).reshape(self.spec.action_shape)
             self._high = np.asarray(self.spec.action_high, np.float32).reshape(self.spec.action_shape)
@@ -131,6 +138,8 @@ class EnvBlock:
             obs, _ = env.reset(seed=self._seeds[i])
             env.action_space.seed(self._seeds[i])
             obs_out[i] = self._observation(i, obs, "on its first reset")
+        if self._categories is not None:
+            self._check_categories(obs_out[:len(self._envs)], "on its first reset")
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
 
@@ -179,8 +188,8 @@ class EnvBlock:
         fresh = obs_out if sparse else next_obs
         if not actions_checked:
             self.check_actions(actions)
-        # numpy integers, as gymnasium's vector envs pass them: Discrete.contains (which most envs assert)
-        # takes 2.1 us for a Python int (an np.iinfo each time) and 1.7 us for an np.int64.
+        # numpy integers (or rows), as gymnasium's vector envs pass them: Discrete.contains (which most envs
+        # assert) takes 2.1 us for a Python int (an np.iinfo each time) and 1.7 us for an np.int64.
         acts = list(actions) if self._discrete else np.clip(actions, self._low, self._high)
         rewards = [0.0] * len(self._envs)
         terminated = [False] * len(self._envs)
@@ -219,6 +228,8 @@ class EnvBlock:
                 if i not in ended:
                     ended.append(i)
                 skipped += 1
+        if self._categories is not None:
+            self._check_categories(fresh, None)
         done = rows["next.done"]
         if ended:
             rows["next.terminated"][:] = terminated
@@ -244,6 +255,8 @@ class EnvBlock:
                     and not (type(obs) is int and int_obs)):
                 obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
             obs_out[i] = obs
+            if self._categories is not None:
+                self._check_categories(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}", i)
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
         return skipped
@@ -290,6 +303,20 @@ class EnvBlock:
         except OffSpec as err:
             at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
             raise violation(int(self.env_ids[i]), at, err) from None
+
+    def _check_categories(self, obs: np.ndarray, when: str | None, first: int = 0) -> None:
+        """A categorical observation outside its space's categories is the env's spec violation, named."""
+        assert self._categories is not None
+        low, high = self._categories
+        outside = (obs < low) | (obs >= high)
+        if not outside.any():
+            return
+        i = first + int(np.flatnonzero(outside.reshape(len(obs), -1).any(axis=1))[0])
+        value = obs[i - first]
+        err = OffSpec(f"its observation {value.tolist()} is outside the space's categories "
+                      f"(from {low.tolist()}, {(high - low).tolist()} of each)")
+        at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
+        raise violation(int(self.env_ids[i]), at, err)
 
     def _non_finite_envs(self, rewards: np.ndarray, next_obs: np.ndarray) -> list[int]:
         flat = next_obs.reshape(len(self._envs), -1)

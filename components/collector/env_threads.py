@@ -91,7 +91,7 @@ class ConcurrentEnvs:
         #: what each env's last step returned (its row of the next transition), and the obs to act on next
         self.rows = {key: np.zeros((n, *v.shape[1:]), v.dtype) for key, v in self.blocks[0].empty_rows().items()}
         self.obs = obs
-        self.actions = np.zeros((n, *spec.action_shape), np.int64 if spec.action_kind == "discrete" else np.float32)
+        self.actions = np.zeros((n, *spec.action_shape), spec.action_dtype)
         self.env_ids = np.concatenate([b.env_ids for b in self.blocks])
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         #: monotonic start of each env's step in progress (inf: none); its thread clears it on return

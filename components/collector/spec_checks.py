@@ -158,6 +158,10 @@ def check_actions(actions: Any, spec: EnvSpec, env_ids: np.ndarray) -> None:
     rows = (len(env_ids), *spec.action_shape)
     if spec.action_kind == "discrete":
         promise, kinds = f"shape {rows} integer (Discrete({spec.action_n}))", "iu"
+    elif spec.action_kind == "multi_discrete":
+        promise, kinds = f"shape {rows} integer (MultiDiscrete({list(spec.action_nvec)}))", "iu"
+    elif spec.action_kind == "multi_binary":
+        promise, kinds = f"shape {rows} 0/1 integer (MultiBinary)", "iub"
     else:
         promise, kinds = f"shape {rows} float", "fiu"
     if isinstance(actions, np.ndarray) and actions.shape == rows and actions.dtype.kind in kinds:

@@ -19,7 +19,7 @@ from torch import nn
 
 from components.kinds import EngineKind
 from components.inference.numpy_engine import NumpyActorCriticEngine, NumpyQNetworkEngine
-from components.models import ActorCritic, CategoricalHead, QNetwork
+from components.models import ActorCritic, CategoricalHead, GaussianHead, QNetwork
 
 ENGINES = EngineKind.words()
 
@@ -135,6 +135,10 @@ def numpy_eligible(model: Any, device: str) -> str | None:
         return f"{type(model).__name__} has no numpy engine"
     if model.shared is not None:
         return "only MLP encoders have a numpy engine"
+    if model.spec.categorical_obs:
+        return "categorical (one-hot encoded) observations have no numpy engine"
+    if isinstance(model, ActorCritic) and not isinstance(model.head, (CategoricalHead, GaussianHead)):
+        return f"{model.spec.action_kind} actions have no numpy engine"
     nets = (model.actor, model.critic) if isinstance(model, ActorCritic) else (model.head,)
     for net in nets:
         for layer in net.modules():

@@ -58,15 +58,20 @@ class Layout:
         return tuple(f.name for f in self.response)
 
 
-def derive_layout(model: Any, observation: FieldSpec) -> Layout:
-    """Request fields from the observation spec, response fields from one ``act`` pass."""
+def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> Layout:
+    """Request fields from the observation spec, response fields from one ``act`` pass.
+
+    ``example``: one observation the model can take (zeros when None; a
+    categorical space whose categories start above 0 needs its own).
+    """
     import numpy as np
     import torch
 
     in_keys = tuple(getattr(model, "in_keys", ("observation",)))
     if in_keys != (observation.name,):
         raise ValueError(f"model inputs {in_keys} do not match the env's {observation.name!r}")
-    probe = torch.from_numpy(np.zeros((2, *observation.shape), observation.dtype))
+    first = np.zeros(observation.shape, observation.dtype) if example is None else np.asarray(example, observation.dtype)
+    probe = torch.from_numpy(np.broadcast_to(first, (2, *observation.shape)).copy())
     reference = next(iter([*model.parameters(), *model.buffers()]), None)
     device = reference.device if reference is not None else torch.device("cpu")
     with torch.no_grad():

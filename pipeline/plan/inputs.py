@@ -59,7 +59,7 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
 
     policy_device = device(str(cfg.device.policy_device), machine.cuda).value
     trainer_device = device(str(cfg.device.trainer_device), machine.cuda).value
-    engine = serving_engine(cfg, policy_device).value
+    engine = serving_engine(cfg, policy_device, env_spec).value
     try:
         return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
     except (ValueError, KeyError, TypeError):

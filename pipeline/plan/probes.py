@@ -63,14 +63,16 @@ def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float
     return wall, wall * min(1.0, sum(cpus) / max(1e-12, sum(walls)))
 
 
-def _time_policy(engine: Any, obs_shape: tuple[int, ...], obs_dtype: str, budget_s: float) -> dict[int, float]:
+def _time_policy(engine: Any, first: np.ndarray, budget_s: float) -> dict[int, float]:
     """Per-sample seconds at each of :data:`BATCHES`, the sizes taken in turn within each round.
 
+    ``first``: one observation the policy can take (each row of every batch).
     In turn, not one size after the other: a busy moment then slows one
     round of every size, not every round of one (a trial once read 787 us a
     sample at 1 row against ~170 in the next, and chose one worker for two).
     """
-    inputs = {b: ({"observation": np.zeros((b, *obs_shape), obs_dtype)}, np.zeros(b, np.int8)) for b in BATCHES}
+    inputs = {b: ({"observation": np.broadcast_to(first, (b, *first.shape)).copy()}, np.zeros(b, np.int8))
+              for b in BATCHES}
     for obs, modes in inputs.values():
         engine.act(obs, modes)
     rounds: dict[int, list[float]] = {b: [] for b in BATCHES}
@@ -109,20 +111,12 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
     next stream row, over as many rows as a chunk spans (out of the caches
     for big frames).
     """
-    import gymnasium as gym
 
     from components.collector.env_block import NEXT_KEYS, EnvBlock
 
-    obs = np.zeros(env_spec.obs_shape, env_spec.obs_dtype)
-    if env_spec.action_kind == "discrete":
-        space: Any = gym.spaces.Discrete(max(1, env_spec.action_n))
-        make_actions = lambda n: np.zeros(n, np.int64)  # noqa: E731
-    else:
-        space = gym.spaces.Box(np.asarray(env_spec.action_low, np.float32), np.asarray(env_spec.action_high,
-                               np.float32), dtype=np.float32)
-        make_actions = lambda n: np.zeros((n, *env_spec.action_shape), np.float32)  # noqa: E731
-    obs_space = gym.spaces.Box(-np.inf, np.inf, env_spec.obs_shape, np.float32) \
-        if env_spec.obs_dtype.startswith("float") else gym.spaces.Box(0, 255, env_spec.obs_shape, np.uint8)
+    obs = env_spec.zero_observation()
+    obs_space, space = env_spec.spaces()
+    make_actions = env_spec.zero_actions
     # the worker's own bookkeeping per block step: its clocks and the control block's counters
     control, clock, monotonic = np.zeros(8), time.perf_counter, time.monotonic
 
@@ -228,7 +222,7 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
             hop_s: float | None = None) -> Costs:
     """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
     wall, cpu = _time_env_bounded(factory, budget_s * 0.35)
-    infer = _time_policy(engine, tuple(env_spec.obs_shape), str(env_spec.obs_dtype), budget_s * 0.3)
+    infer = _time_policy(engine, env_spec.zero_observation(), budget_s * 0.3)
     loop_step, loop_env = _time_loop(env_spec, budget_s * 0.25)
     copy_s = _time_copy(budget_s * 0.1)
     if hop_s is None:
@@ -288,11 +282,12 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
     import torch
 
     model = copy.deepcopy(model).train()
+    first = env_spec.zero_observation()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step(n: int) -> float:
-        obs = torch.zeros((n, *env_spec.obs_shape), dtype=getattr(torch, str(env_spec.obs_dtype)))
+        obs = torch.from_numpy(np.broadcast_to(first, (n, *first.shape)).copy())
         started = time.perf_counter()
         out = model(obs)
         loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))

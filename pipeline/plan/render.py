@@ -38,6 +38,7 @@ def engine(choice: Choice[str]) -> str:
         f = choice.facts
         why = {"auto.torch_device": f"the policy runs on {f.get('device')}",
                "auto.torch_encoder": f"encoder {f.get('encoder')}",
+               "auto.torch_spaces": f"the env's {f.get('spaces')} have no numpy engine",
                "auto.torch_model": f"{f.get('model')} has no numpy copy"}[choice.code]
         return f"auto -> torch: {why}"
     return str(choice.value)

@@ -86,9 +86,10 @@ class Plan:
         return "\n".join(["plan:", *("  " + line for line in self.lines())])
 
 
-def serving_engine(cfg: DictConfig, policy_device: str) -> Choice[str]:
-    """:func:`rules.serving_engine` for ``cfg``."""
-    return rules.serving_engine(str(cfg.server.engine), str(cfg.model._target_), str(cfg.model.encoder), policy_device)
+def serving_engine(cfg: DictConfig, policy_device: str, env_spec: Any = None) -> Choice[str]:
+    """:func:`rules.serving_engine` for ``cfg`` (and the env's spaces, when known)."""
+    return rules.serving_engine(str(cfg.server.engine), str(cfg.model._target_), str(cfg.model.encoder), policy_device,
+                                rules.numpy_spaces(env_spec))
 
 
 def _frame_dedup(cfg: DictConfig, env_spec: Any) -> Choice[bool | None]:
@@ -229,7 +230,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         per_worker_choice = rules.envs_per_worker(cfg.env.envs_per_worker, num_envs, workers, machine.cpus, server)
     per_worker = per_worker_choice.value
 
-    engine = serving_engine(cfg, policy_device)
+    engine = serving_engine(cfg, policy_device, env_spec)
     max_batch = int(cfg.server.max_batch_size)
     block_rows = min(per_worker, num_envs)
     server_choice = Choice(server, server, {

@@ -12,6 +12,7 @@ sentence the plan prints for it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pipeline.plan.choice import Choice
 
@@ -91,16 +92,31 @@ def chunk_len(num_envs: int, frames_per_batch: int, fewest: int, most: int | Non
                                 "min_transitions": AUTO_MIN_TRANSITIONS})
 
 
-def serving_engine(engine: str, model_target: str, encoder: str, policy_device: str) -> Choice[str]:
+def serving_engine(engine: str, model_target: str, encoder: str, policy_device: str,
+                   spaces: str | None = None) -> Choice[str]:
     """``server.engine`` resolved (the numpy engine covers the built-in MLP networks on the CPU).
 
     Measured: numpy serves a 64-row CartPole batch in ~54 us, torch in ~149 us.
+    ``spaces``: why the env's spaces have no numpy engine (categorical
+    observations, multi-part actions), or None when they have one.
     """
     if engine != "auto":
         return Choice(engine, "given")
     builtin = model_target in NUMPY_MODELS
-    if policy_device == "cpu" and builtin and encoder == "mlp":
+    if policy_device == "cpu" and builtin and encoder == "mlp" and spaces is None:
         return Choice("numpy", "auto.small_mlp_on_cpu")
-    facts = {"device": policy_device, "encoder": encoder, "model": model_target}
-    code = "auto.torch_device" if policy_device != "cpu" else "auto.torch_encoder" if builtin else "auto.torch_model"
+    facts = {"device": policy_device, "encoder": encoder, "model": model_target, "spaces": spaces}
+    code = ("auto.torch_device" if policy_device != "cpu" else "auto.torch_encoder" if builtin and encoder != "mlp"
+            else "auto.torch_spaces" if builtin else "auto.torch_model")
     return Choice("torch", code, facts)
+
+
+def numpy_spaces(env_spec: Any) -> str | None:
+    """Why ``env_spec``'s spaces have no numpy engine (None: they have one, or the spec is not known yet)."""
+    if env_spec is None:
+        return None
+    if env_spec.obs_kind in ("discrete", "multi_discrete"):
+        return "categorical observations (one-hot encoded)"
+    if env_spec.action_kind in ("multi_discrete", "multi_binary"):
+        return f"{env_spec.action_kind} actions"
+    return None

@@ -29,8 +29,10 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
     """
     model_spec = model_spec_for(cfg)
     if cfg.trainer.name == "dqn" and env_spec.action_kind != "discrete":
-        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has continuous actions; "
-                          "DQN needs discrete ones (use trainer=ppo)")
+        kind = {"continuous": "continuous (Box)", "multi_discrete": "MultiDiscrete",
+                "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
+        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has {kind} actions; "
+                          "DQN needs Discrete ones (use trainer=ppo)")
     try:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError) as err:
