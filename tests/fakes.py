@@ -342,3 +342,51 @@ class MatchEnvFactory:
 
     def __call__(self) -> MatchEnv:
         return MatchEnv(self.obs, self.act)
+
+
+class TinyActorCritic(torch.nn.Module):
+    """A user's own model, written against the documented contract only (components/model_contract.py).
+
+    One shared layer of ``width`` units for Discrete actions; takes no other model.* key, so the ones every
+    model config has (encoder, hidden, ...) are not passed to it.
+    """
+
+    def __init__(self, spec, width: int = 16) -> None:  # noqa: ANN001
+        super().__init__()
+        obs = int(np.prod(spec.obs_shape)) if spec.obs_shape else 1
+        self.body = torch.nn.Sequential(torch.nn.Linear(obs, width), torch.nn.Tanh())
+        self.logits, self.critic = torch.nn.Linear(width, spec.action_n), torch.nn.Linear(width, 1)
+
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.body(obs.reshape(obs.shape[0], -1).float())
+        return self.logits(x), self.critic(x).squeeze(-1)
+
+    def act(self, inputs, modes=None):  # noqa: ANN001, ANN201
+        logits, value = self._heads(inputs["observation"])
+        dist = torch.distributions.Categorical(logits=logits)
+        action = dist.sample()
+        if modes is not None:
+            action = torch.where(modes != 0, logits.argmax(-1), action)
+        return {"action": action, "sample_log_prob": dist.log_prob(action), "state_value": value}
+
+    def evaluate(self, obs, action):  # noqa: ANN001, ANN201
+        logits, value = self._heads(obs)
+        dist = torch.distributions.Categorical(logits=logits)
+        return dist.log_prob(action.long()), dist.entropy(), value
+
+    def value(self, obs):  # noqa: ANN001, ANN201
+        return self._heads(obs)[1]
+
+
+class NoEvaluateModel(TinyActorCritic):
+    """Breaks the contract: PPO calls evaluate."""
+
+    evaluate = None  # type: ignore[assignment]
+
+
+class WrongShapeModel(TinyActorCritic):
+    """Breaks the contract: one action column per row instead of one action per row."""
+
+    def act(self, inputs, modes=None):  # noqa: ANN001, ANN201
+        out = super().act(inputs, modes)
+        return {**out, "action": out["action"].unsqueeze(-1)}

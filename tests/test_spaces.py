@@ -205,3 +205,66 @@ def test_frozenlake_learns_with_one_hot_cells(tmp_path):
     summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
     assert summary["stop_reason"] == "target_return", summary
     assert not math.isnan(summary["episode/return_mean"])
+
+
+# ------------------------------------------------------------------ your own model
+CARTPOLE = EnvSpec((4,), "float32", "discrete", action_n=2)
+
+
+def test_the_contract_check_names_what_a_model_lacks_or_returns_wrong():
+    from components.model_contract import ModelContractError, accepted_kwargs, check_model
+    from tests.fakes import NoEvaluateModel, TinyActorCritic, WrongShapeModel
+
+    check_model(TinyActorCritic(CARTPOLE), CARTPOLE, "ppo")
+    check_model(ActorCritic(CARTPOLE), CARTPOLE, "ppo")
+    check_model(QNetwork(CARTPOLE), CARTPOLE, "dqn")
+    with pytest.raises(ModelContractError, match=r"NoEvaluateModel has no evaluate method\(s\); trainer=ppo calls"):
+        check_model(NoEvaluateModel(CARTPOLE), CARTPOLE, "ppo")
+    with pytest.raises(ModelContractError, match=r"WrongShapeModel.act returned action of shape \(2, 1\); expected \(2,\)"):
+        check_model(WrongShapeModel(CARTPOLE), CARTPOLE, "ppo")
+    with pytest.raises(ModelContractError, match="has no epsilon buffer"):
+        check_model(TinyActorCritic(CARTPOLE), CARTPOLE, "dqn")
+    wrong_obs = EnvSpec((5,), "float32", "discrete", action_n=2)
+    with pytest.raises(ModelContractError, match=r"TinyActorCritic failed on a batch of 2 observations of shape \(5,\): "
+                                                 r"RuntimeError: mat1 and mat2"):
+        check_model(TinyActorCritic(CARTPOLE), wrong_obs, "ppo")
+    common = {"encoder", "hidden"}
+    assert accepted_kwargs(TinyActorCritic, {"encoder": "mlp", "hidden": [8], "width": 4}, common) == {"width": 4}
+    assert accepted_kwargs(TinyActorCritic, {"widht": 4}, common) == {"widht": 4}, "a misspelt key is passed, and fails"
+
+
+@pytest.mark.parametrize("placement", [["workers=thread", "server=thread"], ["workers=process", "server=process"],
+                                       ["workers=process", "server=inline"]], ids=["thread", "process", "inline"])
+def test_a_model_of_your_own_trains_in_every_placement(tmp_path, placement):
+    import json
+
+    from tests.conftest import run_pipeline
+
+    run_dir = tmp_path / "run"
+    proc = run_pipeline(["model._target_=tests.fakes.TinyActorCritic", "+model.width=32", *placement,
+                         "trainer.total_frames=2048", "trainer.target_return=null", "logger=jsonl",
+                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "engine auto -> torch: tests.fakes.TinyActorCritic has no numpy copy" in proc.stdout
+    summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
+    assert summary["frames"] == 2048 and summary["stop_reason"] == "total_frames"
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["model._target_=tests.fakes.NoEvaluateModel"],
+     "model._target_='tests.fakes.NoEvaluateModel': NoEvaluateModel has no evaluate method(s); trainer=ppo calls"),
+    (["model._target_=tests.fakes.WrongShapeModel"],
+     "model._target_='tests.fakes.WrongShapeModel': WrongShapeModel.act returned action of shape (2, 1); expected (2,)"),
+    (["model._target_=tests.fakes.TinyActorCritic", "+model.widht=32"],
+     "model._target_='tests.fakes.TinyActorCritic': TypeError: "),
+    (["model._target_=tests.fakes.NoSuchModel"], "model._target_='tests.fakes.NoSuchModel': cannot import it"),
+])
+def test_a_wrong_model_is_one_line_before_any_process_starts(tmp_path, overrides, line):
+    from tests.conftest import run_pipeline
+
+    proc = run_pipeline([*overrides, "workers=process", "server=process", f"hydra.run.dir={tmp_path / 'run'}"],
+                        tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and last[0].startswith("config error: " + line), proc.stderr[-2000:]
+    assert "plan:" not in proc.stdout or "env-worker" not in proc.stderr

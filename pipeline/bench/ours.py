@@ -88,7 +88,8 @@ def plan_for(overrides: list[str]) -> tuple[Any, Any, Any]:
 
 def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
     """One trial of an ``ours:*`` contender: frames/s of the collector its command builds."""
-    from pipeline.runner.collection import build_collector, model_spec_for
+    from pipeline.plan.model_spec import model_spec_for
+    from pipeline.runner.collection import build_collector
 
     overrides = ours_overrides(name, workload, num_envs)
     cfg, planned, machine = plan_for(overrides)

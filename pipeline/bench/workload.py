@@ -53,7 +53,7 @@ def env_factory(workload: dict[str, Any]) -> Any:
 
 
 def model_spec(workload: dict[str, Any]) -> Any:
-    from pipeline.runner.collection import model_spec_for
+    from pipeline.plan.model_spec import model_spec_for
 
     return model_spec_for(config(workload))
 

@@ -72,7 +72,11 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
 
 def plan_config(cfg: DictConfig, machine: Machine) -> PlannedConfig:
     """Build the env, probe the layout when ``auto`` asks for it, and resolve the plan (``cfg`` validated)."""
+    from pipeline.plan.model_spec import build_model, model_spec_for
+
     env_factory, env_spec = build_env(cfg)
+    if str(cfg.trainer.name) in ("ppo", "dqn"):  # a wrong model is one line now, not a failed probe or worker
+        build_model(cfg, model_spec_for(cfg), env_spec)
     costs = layout_costs(cfg, env_factory, env_spec, machine)
     return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)
 

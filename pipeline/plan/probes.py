@@ -286,10 +286,14 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     params = [p for p in model.parameters() if p.requires_grad]
 
+    # a model of the user's own may have no forward (the contract asks PPO's for evaluate): step through that
+    forward = model if type(model).forward is not torch.nn.Module.forward else \
+        (lambda obs: model.evaluate(obs, torch.from_numpy(env_spec.zero_actions(obs.shape[0]))))
+
     def step(n: int) -> float:
         obs = torch.from_numpy(np.broadcast_to(first, (n, *first.shape)).copy())
         started = time.perf_counter()
-        out = model(obs)
+        out = forward(obs)
         loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -324,14 +328,10 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     """
     from dataclasses import replace
 
-    from omegaconf import OmegaConf
-
     from components.inference.serving import serving_engine
-    from components.models import ModelSpec
+    from pipeline.plan.model_spec import model_spec_for
 
-    kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
-    assert isinstance(kwargs, dict)
-    model = ModelSpec(str(kwargs.pop("_target_")), kwargs).build(env_spec)
+    model = model_spec_for(cfg).build(env_spec)
     costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
                     env_spec, cpus)
     rows, steps_per_frame = trainer_load(cfg.trainer)

@@ -13,18 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from components.collector.protocol import Collector
 from components.models import ModelSpec
 from pipeline.plan.resolve import Plan
-
-
-def model_spec_for(cfg: DictConfig) -> ModelSpec:
-    """What every policy copy is rebuilt from (the server's, each inline worker's, the learner's)."""
-    kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
-    assert isinstance(kwargs, dict)
-    return ModelSpec(str(kwargs.pop("_target_")), kwargs)
 
 
 def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any, model_spec: ModelSpec, *,

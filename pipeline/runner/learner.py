@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from components.models import ModelSpec
 from components.trainers.base import Trainer
-from pipeline.runner.collection import model_spec_for
+from pipeline.plan.model_spec import build_model, model_spec_for
 from pipeline.plan import Plan
 from pipeline.plan.validate import ConfigError
 
@@ -33,11 +33,7 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
                 "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
         raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has {kind} actions; "
                           "DQN needs Discrete ones (use trainer=ppo)")
-    try:
-        model = model_spec.build(env_spec)
-    except (ValueError, KeyError) as err:
-        text = str(err).strip("'\"")
-        raise ConfigError(text if text.startswith("model.") else f"model.encoder={cfg.model.encoder!r}: {text}") from None
+    model = build_model(cfg, model_spec, env_spec)
     trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
                           policy_version=int(cfg.collector.policy_version), _convert_="all")
     if not isinstance(trainer, Trainer):

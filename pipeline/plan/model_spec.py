@@ -1,0 +1,66 @@
+"""The model a config means: what every policy copy is rebuilt from, a user's own model included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.plan.validate import ConfigError
+
+
+def model_spec_for(cfg: DictConfig) -> Any:
+    """What every policy copy is rebuilt from (the server's, each inline worker's, the learner's, the probe's).
+
+    A model of the user's own (``model._target_``) gets the ``model.*`` keys
+    every model config has only where its constructor takes them, and every
+    key it added (``+model.width=256``) as given (see
+    :func:`components.model_contract.accepted_kwargs`).
+    """
+    import dataclasses
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    from components.model_contract import accepted_kwargs
+    from components.models import ModelSpec
+    from pipeline.plan.rules import NUMPY_MODELS
+    from pipeline.plan.schema import ModelSchema
+
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
+    assert isinstance(kwargs, dict)
+    target = str(kwargs.pop("_target_"))
+    if target not in NUMPY_MODELS:
+        module, _, name = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ConfigError(f"model._target_={target!r}: cannot import it ({type(err).__name__}: {err})") from None
+        common = {f.name for f in dataclasses.fields(ModelSchema)} - {"_target_"}
+        kwargs = accepted_kwargs(cls, kwargs, optional=common)
+    return ModelSpec(target, kwargs)
+
+
+def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
+    """``model_spec`` built for ``env_spec`` and run once as the trainer and the server will (one line if it breaks).
+
+    Done on the driver before any process starts (and before the layout
+    probe times it): a model that breaks the contract of
+    :mod:`components.model_contract` would otherwise fail in every worker
+    and server, in torch's words.
+    """
+    from components.model_contract import ModelContractError, check_model
+    from pipeline.plan.rules import NUMPY_MODELS
+
+    try:
+        model = model_spec.build(env_spec)
+    except (ValueError, KeyError, TypeError) as err:
+        text = str(err).strip("'\"")
+        if model_spec.target not in NUMPY_MODELS:  # the user's class: its own words, named
+            raise ConfigError(f"model._target_={model_spec.target!r}: {type(err).__name__}: {text}") from None
+        raise ConfigError(text if text.startswith("model.") else f"model.encoder={cfg.model.encoder!r}: {text}") from None
+    try:
+        check_model(model, env_spec, str(cfg.trainer.name))
+    except ModelContractError as err:
+        raise ConfigError(f"model._target_={model_spec.target!r}: {err}") from None
+    return model
