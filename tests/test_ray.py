@@ -255,6 +255,24 @@ def test_dqn_fills_replay_from_env_hosts(two_nodes, tmp_path):
     assert any("replay/size" in r for r in rows), rows[-2]
 
 
+@pytest.mark.parametrize("overrides", [
+    ["env.factory._target_=tests.fakes.MatchEnvFactory", "~env.factory.id", "+env.factory.obs=discrete"],
+    ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16"],
+], ids=["categorical-obs-factorised-actions", "own-model"])
+def test_flat_spaces_and_own_models_reach_env_hosts(tmp_path, overrides):
+    """Each host rebuilds the env and the model by itself: one-hot inputs, factorised heads, a user's class.
+
+    A cluster the run starts (ray.address=local): its workers import this checkout's tests package as the
+    driver does (a joined cluster would need ray.runtime_env.working_dir).
+    """
+    run_dir = tmp_path / "run"
+    done = run_pipeline(["workers=ray", "ray.address=local", *overrides, "trainer.total_frames=2048",
+                         "trainer.target_return=null", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _rows(run_dir)[-1]["summary"]["frames"] == 2048
+
+
 def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_path):
     proc = _start(["workers=ray", f"ray.address={two_nodes}"], tmp_path / "sigkilled")
     try:
