@@ -49,3 +49,43 @@ class EpisodeTracker:
     @property
     def mean_length(self) -> float:
         return float(np.mean(self.lengths)) if self.lengths else float("nan")
+
+
+class TaskEpisodes:
+    """An :class:`EpisodeTracker` per task of an env set (``task_of``: each env id's task index).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> t = TaskEpisodes(("short", "long"), np.array([0, 1]), window=5)
+        >>> batch = TensorDict({"env_index": torch.tensor([0, 1, 1]), "next": TensorDict({
+        ...     "done": torch.tensor([True, True, False]), "episode_return": torch.tensor([1.0, 9.0, 0.0]),
+        ...     "episode_length": torch.tensor([1, 9, 3])}, [3])}, [3])
+        >>> t.add_batch(batch)
+        >>> t.row()["episode/long/return_mean"], t.row()["episode/short/count"]
+        (9.0, 1)
+    """
+
+    def __init__(self, tasks: tuple[str, ...], task_of: np.ndarray, window: int = 20) -> None:
+        self.tasks, self.task_of = tasks, np.asarray(task_of)
+        self.trackers = [EpisodeTracker(window) for _ in tasks]
+
+    def add_batch(self, batch: Any) -> None:
+        done = batch["next", "done"]
+        if not bool(done.any()):
+            return
+        task = self.task_of[batch["env_index"][done].numpy()]
+        returns = batch["next", "episode_return"][done].numpy()
+        lengths = batch["next", "episode_length"][done].numpy()
+        for i, tracker in enumerate(self.trackers):
+            mine = task == i
+            if mine.any():
+                tracker.add(returns[mine], lengths[mine])
+
+    def row(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, tracker in zip(self.tasks, self.trackers):
+            out[f"episode/{name}/return_mean"] = tracker.mean_return
+            out[f"episode/{name}/length_mean"] = tracker.mean_length
+            out[f"episode/{name}/count"] = tracker.total
+        return out

@@ -76,11 +76,13 @@ class EnvBlock:
         if len(env_ids) != len(seeds):
             raise ValueError("one seed per env is required")
         self.env_ids = np.asarray(env_ids, dtype=np.int64)
-        self._seeds = [int(s) for s in seeds]
+        # an env set (components.env_set) builds and seeds each env id by its own entry
+        for_env, seed_of = getattr(factory, "for_env", None), getattr(factory, "seed_of", None)
+        self._seeds = [int(s) if seed_of is None else seed_of(i, s) for i, s in zip(env_ids, seeds)]
         self._envs: list[Any] = []
         try:
-            for _ in env_ids:
-                self._envs.append(factory())
+            for i in env_ids:
+                self._envs.append(factory() if for_env is None else for_env(i)())
         except BaseException:
             self.close()
             raise

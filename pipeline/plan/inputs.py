@@ -35,6 +35,8 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
 
     from components.envs import EnvConfigError, probe_env_spec
 
+    if cfg.env.get("factories"):
+        return build_env_set(cfg)
     try:
         env_factory = instantiate(cfg.env.factory, _convert_="all")
     except Exception as err:  # noqa: BLE001 - a user-given _target_ or argument
@@ -45,6 +47,49 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
         return env_factory, probe_env_spec(env_factory)
     except EnvConfigError as err:
         raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
+
+
+def build_env_set(cfg: DictConfig) -> tuple[Any, Any]:
+    """``env.factories`` as an :class:`~components.env_set.EnvSet`, every entry probed: one spec for all, or one line."""
+    from hydra.utils import instantiate
+
+    from components.env_set import EnvSet, EnvSetEntry
+    from components.envs import EnvConfigError, probe_env_spec
+
+    entries, specs = [], []
+    for i, item in enumerate(cfg.env.factories):
+        where = f"env.factories[{i}]"
+        unknown = set(item) - {"factory", "count", "task", "seed_offset"}
+        if "factory" not in item or unknown:
+            raise ConfigError(f"{where}: needs factory (and count, task, seed_offset), "
+                              + (f"not {sorted(unknown)}" if unknown else "has no factory"))
+        try:
+            factory = instantiate(item.factory, _convert_="all")
+        except Exception as err:  # noqa: BLE001 - a user-given _target_ or argument
+            cause = err.__cause__ or err
+            raise ConfigError(f"{where}.factory: cannot build it: {type(cause).__name__}: "
+                              f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
+        count = item.get("count", 1)
+        if not isinstance(count, int) or count < 1:
+            raise ConfigError(f"{where}.count={count!r}: must be an integer >= 1")
+        entries.append(EnvSetEntry(factory, count, str(item.get("task") or f"task{i}"),
+                                   int(item.get("seed_offset") or 0)))
+        try:
+            specs.append(probe_env_spec(factory))
+        except EnvConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        if specs[-1] != specs[0]:
+            raise ConfigError(f"{where} ({entries[-1].task}): its envs' spaces differ from {entries[0].task}'s "
+                              f"({specs[-1]} vs {specs[0]}); one policy serves every entry")
+    total = sum(e.count for e in entries)
+    if total != int(cfg.env.num_envs):
+        raise ConfigError(f"env.num_envs={cfg.env.num_envs}: env.factories make {total} envs "
+                          f"({', '.join(f'{e.task} {e.count}' for e in entries)}); set env.num_envs={total}")
+    try:
+        env_set = EnvSet(entries)
+    except ValueError as err:
+        raise ConfigError(f"env.factories: {err}") from None
+    return env_set, specs[0]
 
 
 def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:

@@ -220,6 +220,12 @@ def preset(choice: Choice[str]) -> str:
             f"specialize/{f['file']}.yaml")
 
 
+def tasks(choice: Choice[int]) -> str:
+    parts = [f"{name} {count} env(s)" + (f" (seeds +{offset})" if offset else "")
+             for name, count, offset in choice.facts["entries"]]
+    return f"{choice.value} task(s), one policy: " + ", ".join(parts) + "; episode/<task>/* metrics for each"
+
+
 def cluster(choice: Choice[Any]) -> str:
     return str(choice.facts["described"])
 
@@ -235,7 +241,7 @@ def envs(choice: Choice[int]) -> str:
 LINES: dict[str, Callable[[Choice], str]] = {
     "workers": workers, "cpus": cpus, "transport": transport, "server": server, "chunking": chunking,
     "device": devices, "replay": replay, "trainer": trainer, "collector": collector, "threads": threads,
-    "preset": preset, "cluster": cluster,
+    "preset": preset, "cluster": cluster, "tasks": tasks,
 }
 
 

@@ -259,6 +259,10 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     choices: list[tuple[str, Choice]] = [
         ("workers", Choice(workers, "measured" if chosen is not None else "rule",
                            {"per_worker": per_worker_choice, "blocks": blocks, "workers": workers}))]
+    if cfg.env.get("factories"):
+        entries = [(str(e.get("task") or f"task{i}"), int(e.get("count", 1)), int(e.get("seed_offset") or 0))
+                   for i, e in enumerate(cfg.env.factories)]
+        choices.append(("tasks", Choice(len(entries), "env_set", {"entries": entries})))
     if machine.total_cpus is not None:
         choices.append(("cpus", Choice(machine.cpus, "sweep_share",
                                        {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))

@@ -33,6 +33,9 @@ class EnvSchema:
     #: ``_target_`` of a ``() -> gymnasium.Env`` factory (or of a function returning one: a lambda or closure reaches
     #: process workers by value)
     factory: Any = MISSING
+    #: an env set instead of env.factory: a list of {factory: {_target_: ...}, count: N, task: name, seed_offset: K}
+    #: (task: the metrics' name, default task<i>; the counts sum to num_envs; every entry makes the same spaces)
+    factories: list[Any] | None = None
 
 
 @dataclass

@@ -112,7 +112,9 @@ class Evaluator:
 
     def _play(self, count: int) -> tuple[list[float], list[int]]:
         if not self._envs:
-            self._envs = [self.env_factory() for _ in range(self.episodes)]
+            cycle = getattr(self.env_factory, "cycle", None)  # an env set: its tasks in turn
+            factories = cycle(self.episodes) if cycle is not None else [self.env_factory] * self.episodes
+            self._envs = [make() for make in factories]
         seeds = np.random.SeedSequence([self.seed, EVAL_SEED_OFFSET, count]).generate_state(self.episodes)
         obs = np.stack([np.asarray(env.reset(seed=int(s))[0]) for env, s in zip(self._envs, seeds)])
         live = np.ones(self.episodes, bool)

@@ -20,7 +20,7 @@ import numpy as np
 
 from components.collector.failures import CollectorError
 from components.collector.protocol import Collector
-from components.episodes import EpisodeTracker
+from components.episodes import EpisodeTracker, TaskEpisodes
 from components.metrics import MetricsLogger
 from components.trainers.base import Trainer
 
@@ -56,14 +56,22 @@ class _Progress:
             self.bar.close()
 
 
+def task_episodes(env_factory: Any, window: int) -> TaskEpisodes | None:
+    """Per-task episode statistics for an env set (:class:`~components.env_set.EnvSet`); None for one factory."""
+    tasks = getattr(env_factory, "tasks", None)
+    return TaskEpisodes(tasks, env_factory.task_of(), window) if tasks is not None else None
+
+
 class Reporter:
     """Progress, periodic metric rows and the stopping rule of one run."""
 
     def __init__(self, collector: Collector, logger: MetricsLogger, *, total_frames: int,
                  window: int, target_return: float | None, progress: bool, replay: Any = None,
-                 start_frames: int = 0, elapsed: float = 0.0) -> None:
+                 start_frames: int = 0, elapsed: float = 0.0, tasks: TaskEpisodes | None = None) -> None:
         self.collector, self.logger, self.replay = collector, logger, replay
         self.tracker = EpisodeTracker(window)
+        #: an env set's episodes per task (episode/<task>/*), besides the run's
+        self.tasks = tasks
         self.tracker_lock = threading.Lock()
         self.target_return = target_return
         self.progress = _Progress(total_frames, progress, start_frames)
@@ -95,6 +103,8 @@ class Reporter:
         """Record the episodes that ended in ``batch`` (any thread)."""
         with self.tracker_lock:
             self.tracker.add_batch(batch)
+            if self.tasks is not None:
+                self.tasks.add_batch(batch)
 
     @property
     def solved(self) -> bool:
@@ -177,6 +187,8 @@ class Reporter:
             row["episode/return_mean"] = self.tracker.mean_return
             row["episode/length_mean"] = self.tracker.mean_length
             row["episode/count"] = self.tracker.total
+            if self.tasks is not None:
+                row.update(self.tasks.row())
         if self._eval_row is not None:  # each evaluation once, in the first row after it finished
             row.update({f"eval/{k}": v for k, v in self._eval_row.items()})
             self._eval_row = None

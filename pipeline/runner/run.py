@@ -39,7 +39,7 @@ from pipeline.runner.budgets import check_budgets
 from pipeline.runner.collection import build_collector
 from pipeline.runner.evaluation import EvaluationError, Evaluator
 from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
-from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on_policy
+from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on_policy, task_episodes
 from pipeline.plan import Choice, Machine, Plan
 from pipeline.plan.inputs import family_config, plan_config
 from pipeline.plan.ray import connect_ray
@@ -197,7 +197,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     assert isinstance(logger, MetricsLogger)
     reporter = Reporter(collector, logger, total_frames=algo.total_frames, window=algo.target_window,
                         target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer,
-                        start_frames=start_frames, elapsed=float(restored.get("elapsed_s", 0.0)) if restored else 0.0)
+                        start_frames=start_frames, elapsed=float(restored.get("elapsed_s", 0.0)) if restored else 0.0,
+                        tasks=task_episodes(env_factory, algo.target_window))
     if restored is not None:
         restore_episodes(reporter.tracker, restored["episodes"])
     disk_replay = buffer is not None and cfg.replay.storage == "disk"
@@ -276,6 +277,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                 "stop_reason": stop_reason,
                 "episode/return_mean": tracker.mean_return,
                 "episode/count": tracker.total,
+                **({k: v for k, v in reporter.tasks.row().items() if not k.endswith("/length_mean")}
+                   if reporter.tasks is not None else {}),
                 **({"eval/return_mean": reporter.last_eval["return_mean"],
                     "eval/policy_version": reporter.last_eval["policy_version"]} if reporter.last_eval else {}),
                 "solved": stop_reason == "target_return",
