@@ -74,9 +74,9 @@ class TaskEpisodes:
         done = batch["next", "done"]
         if not bool(done.any()):
             return
-        task = self.task_of[batch["env_index"][done].numpy()]
-        returns = batch["next", "episode_return"][done].numpy()
-        lengths = batch["next", "episode_length"][done].numpy()
+        task = self.task_of[batch["env_index"][done].cpu().numpy()]  # batches may be stored on a GPU
+        returns = batch["next", "episode_return"][done].cpu().numpy()
+        lengths = batch["next", "episode_length"][done].cpu().numpy()
         for i, tracker in enumerate(self.trackers):
             mine = task == i
             if mine.any():

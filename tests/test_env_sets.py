@@ -61,7 +61,8 @@ def test_two_tasks_train_together_and_log_their_episodes_apart(tmp_path, workers
     """A closure factory (the long task) reaches process workers by value; the short task's episodes end at 20."""
     run_dir = tmp_path / "run"
     proc = run_pipeline([SHORT_AND_LONG, f"workers={workers}", "trainer.total_frames=4096", "trainer.target_return=null",
-                         "logger=jsonl", "logger.interval=0.2", f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
+                         "trainer.eval_interval=2048", "trainer.eval_episodes=4", "logger=jsonl",
+                         "logger.interval=0.2", f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tasks     2 task(s), one policy: short 4 env(s), long 4 env(s) (seeds +1000)" in proc.stdout
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -71,3 +72,6 @@ def test_two_tasks_train_together_and_log_their_episodes_apart(tmp_path, workers
     lengths = [r["episode/short/length_mean"] for r in rows[:-1] if r.get("episode/short/count")]
     assert lengths and max(lengths) <= 20, "the short task's time limit"
     assert summary["episode/short/return_mean"] <= 20
+    evaluated = [r for r in rows[:-1] if "eval/short/return_mean" in r]
+    assert evaluated and all(r["eval/short/return_mean"] <= 20 for r in evaluated), "evaluation took both tasks"
+    assert all("eval/long/return_mean" in r for r in evaluated)

@@ -79,13 +79,22 @@ def test_envs_split_over_hosts_and_the_spec_checks_its_values():
 @pytest.mark.parametrize("override, message", [
     ("ray.address=nowhere", "ray.address='nowhere': must be local, auto, host:port or ray://host:port"),
     ("ray.in_flight=0", "ray.in_flight"),
-    ("ray.local_workers=fiber", "ray.local_workers"),
     ("collector.reset_at_each_iter=true", "not available with workers=ray"),
     ("chunking.chunks_per_worker=3", "chunking.chunks_per_worker: not used with workers=ray"),
 ])
 def test_bad_ray_settings_are_one_line_config_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate(compose("workers=ray", override), cuda_available=False)
+
+
+def test_a_ray_word_no_option_allows_is_refused_while_composing():
+    from hydra.errors import ConfigCompositionException
+
+    from pipeline.__main__ import composition_error
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose("workers=ray", "ray.local_workers=fiber")
+    assert composition_error(err.value) == "ray.local_workers='fiber': must be one of thread, process"
 
 
 @pytest.mark.parametrize("overrides, steps", [
@@ -255,22 +264,22 @@ def test_dqn_fills_replay_from_env_hosts(two_nodes, tmp_path):
     assert any("replay/size" in r for r in rows), rows[-2]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["env.factory._target_=tests.fakes.MatchEnvFactory", "~env.factory.id", "+env.factory.obs=discrete"],
-    ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16"],
-], ids=["categorical-obs-factorised-actions", "own-model"])
-def test_flat_spaces_and_own_models_reach_env_hosts(tmp_path, overrides):
+def test_flat_spaces_and_own_models_reach_env_hosts(two_nodes, tmp_path):
     """Each host rebuilds the env and the model by itself: one-hot inputs, factorised heads, a user's class.
 
-    A cluster the run starts (ray.address=local): its workers import this checkout's tests package as the
-    driver does (a joined cluster would need ray.runtime_env.working_dir).
+    The joined cluster's workers import this checkout's tests package through ray.runtime_env's PYTHONPATH.
     """
-    run_dir = tmp_path / "run"
-    done = run_pipeline(["workers=ray", "ray.address=local", *overrides, "trainer.total_frames=2048",
-                         "trainer.target_return=null", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
-                        cwd=tmp_path, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _rows(run_dir)[-1]["summary"]["frames"] == 2048
+    reach = f"+ray.runtime_env.env_vars={{PYTHONPATH:'{ROOT}'}}"
+    for name, overrides in (
+            ("spaces", ["env.factory._target_=tests.fakes.MatchEnvFactory", "~env.factory.id",
+                        "+env.factory.obs=discrete"]),
+            ("own-model", ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16"])):
+        run_dir = tmp_path / name
+        done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", reach, *overrides, "trainer.total_frames=2048",
+                             "trainer.target_return=null", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, timeout=240)
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+        assert _rows(run_dir)[-1]["summary"]["frames"] == 2048, name
 
 
 def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_path):

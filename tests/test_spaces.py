@@ -14,6 +14,8 @@ from components.envs import EnvConfigError, EnvSpec
 from components.heads import BernoulliHead, MultiCategoricalHead
 from components.models import ActorCritic, ModelSpec, QNetwork
 from components.obs_input import ONE_HOT_MAX, ObservationInput
+from pipeline.plan.validate import ConfigError
+from tests.conftest import compose
 from tests.fakes import MatchEnv, MatchEnvFactory
 
 
@@ -122,9 +124,11 @@ PLACEMENTS = {
 }
 
 
-@pytest.mark.parametrize("placement", list(PLACEMENTS))
-@pytest.mark.parametrize(("obs", "act"), [("multi_discrete", "multi_discrete"), ("multi_binary", "multi_binary"),
-                                          ("discrete", "multi_discrete")])
+@pytest.mark.parametrize(("placement", "obs", "act"), [
+    *((p, o, a) for p in PLACEMENTS for o, a in [("discrete", "multi_discrete")]),
+    ("thread/thread", "multi_discrete", "multi_discrete"), ("process/inline", "multi_discrete", "multi_discrete"),
+    ("thread/inline", "multi_binary", "multi_binary"), ("process/process", "multi_binary", "multi_binary"),
+])
 def test_every_flat_space_is_collected_in_every_placement_intact(placement, obs, act):
     """The env raises on an action off its space, so a wrong dtype or range from any placement fails the run."""
     factory = MatchEnvFactory(obs, act)
@@ -251,13 +255,24 @@ def test_a_model_of_your_own_trains_in_every_placement(tmp_path, placement):
 
 
 @pytest.mark.parametrize(("overrides", "line"), [
-    (["model._target_=tests.fakes.NoEvaluateModel"],
-     "model._target_='tests.fakes.NoEvaluateModel': NoEvaluateModel has no evaluate method(s); trainer=ppo calls"),
     (["model._target_=tests.fakes.WrongShapeModel"],
      "model._target_='tests.fakes.WrongShapeModel': WrongShapeModel.act returned action of shape (2, 1); expected (2,)"),
     (["model._target_=tests.fakes.TinyActorCritic", "+model.widht=32"],
      "model._target_='tests.fakes.TinyActorCritic': TypeError: "),
     (["model._target_=tests.fakes.NoSuchModel"], "model._target_='tests.fakes.NoSuchModel': cannot import it"),
+])
+def test_a_wrong_model_is_one_line_when_the_config_is_planned(overrides, line):
+    from pipeline.plan import Machine
+    from pipeline.plan.inputs import plan_config
+
+    with pytest.raises(ConfigError) as err:
+        plan_config(compose(*overrides), Machine(cpus=2, cuda=False))
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["model._target_=tests.fakes.NoEvaluateModel"],
+     "model._target_='tests.fakes.NoEvaluateModel': NoEvaluateModel has no evaluate method(s); trainer=ppo calls"),
 ])
 def test_a_wrong_model_is_one_line_before_any_process_starts(tmp_path, overrides, line):
     from tests.conftest import run_pipeline
@@ -268,3 +283,21 @@ def test_a_wrong_model_is_one_line_before_any_process_starts(tmp_path, overrides
     last = proc.stderr.strip().splitlines()
     assert len(last) == 1 and last[0].startswith("config error: " + line), proc.stderr[-2000:]
     assert "plan:" not in proc.stdout or "env-worker" not in proc.stderr
+
+
+@pytest.mark.parametrize(("obs", "act"), [("multi_discrete", "multi_discrete"), ("multi_binary", "multi_binary")])
+def test_evaluation_plays_factorised_actions(obs, act):
+    """Greedy evaluation hands each env its action row (an int() of it used to fail)."""
+    from pipeline.runner.evaluation import Evaluator
+
+    factory = MatchEnvFactory(obs, act)
+    model = ActorCritic(EnvSpec.from_env(factory()), hidden=(8,))
+    evaluator = Evaluator(factory, model, episodes=3, seed=1)
+    try:
+        assert evaluator.start(model.state_dict(), version=4, frames=100)
+        evaluator.wait(30)
+        result = evaluator.poll()
+    finally:
+        evaluator.close()
+    assert result is not None and result["episodes"] == 3 and result["length_mean"] == 8
+    assert 0 <= result["return_mean"] <= 24 and result["policy_version"] == 4

@@ -52,13 +52,19 @@ def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
     from components.model_contract import ModelContractError, check_model
     from pipeline.plan.rules import NUMPY_MODELS
 
+    if str(cfg.trainer.name) == "dqn" and env_spec.action_kind != "discrete":
+        kind = {"continuous": "continuous (Box)", "multi_discrete": "MultiDiscrete",
+                "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
+        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has {kind} actions; "
+                          "DQN needs Discrete ones (use trainer=ppo)")
     try:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError, TypeError) as err:
         text = str(err).strip("'\"")
         if model_spec.target not in NUMPY_MODELS:  # the user's class: its own words, named
             raise ConfigError(f"model._target_={model_spec.target!r}: {type(err).__name__}: {text}") from None
-        raise ConfigError(text if text.startswith("model.") else f"model.encoder={cfg.model.encoder!r}: {text}") from None
+        raise ConfigError(text if text.startswith("model.") else f"model.encoder={str(cfg.model.encoder)!r}: {text}") \
+            from None
     try:
         check_model(model, env_spec, str(cfg.trainer.name))
     except ModelContractError as err:

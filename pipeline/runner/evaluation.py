@@ -104,6 +104,12 @@ class Evaluator:
                       "length_mean": float(np.mean(lengths)), "episodes": float(len(returns)),
                       "policy_version": float(version), "frames": float(frames),
                       "seconds": time.monotonic() - started}
+            tasks = getattr(self.env_factory, "tasks", None)  # an env set: its envs took the tasks in turn
+            if tasks is not None and len(returns) == self.episodes:
+                for t, name in enumerate(tasks):
+                    mine = returns[t::len(tasks)]
+                    if mine:
+                        result[f"{name}/return_mean"] = float(np.mean(mine))
             with self._lock:
                 self._result = result
         except BaseException as err:  # noqa: BLE001 - handed to the runner by poll()
@@ -130,7 +136,7 @@ class Evaluator:
                 action = actions[i]
                 if low is not None:
                     action = np.clip(action, low, high)
-                else:
+                elif not action.shape:  # Discrete: an int; MultiDiscrete and MultiBinary take their row as it is
                     action = int(action)
                 o, r, terminated, truncated, _ = self._envs[i].step(action)
                 obs[i] = o

@@ -28,11 +28,6 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
     the hyper-parameters), so a new algorithm is a new config, not a branch here.
     """
     model_spec = model_spec_for(cfg)
-    if cfg.trainer.name == "dqn" and env_spec.action_kind != "discrete":
-        kind = {"continuous": "continuous (Box)", "multi_discrete": "MultiDiscrete",
-                "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
-        raise ConfigError(f"trainer.name='dqn': env.id={cfg.env.id!r} has {kind} actions; "
-                          "DQN needs Discrete ones (use trainer=ppo)")
     model = build_model(cfg, model_spec, env_spec)
     trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
                           policy_version=int(cfg.collector.policy_version), _convert_="all")
