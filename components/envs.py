@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from components.obs_tree import ObsLeaf, UnsupportedSpace, packed_size, rebuild_space, tree_leaves, zero_row
 from components.shm import FieldSpec
 
 
@@ -22,12 +23,13 @@ class EnvConfigError(ValueError):
     """An environment the user named cannot be built (bad id, missing extra)."""
 
 
-#: observation kinds: a Box, a Discrete (one int64 scalar), a MultiDiscrete (int64 vector), a MultiBinary (int8)
-OBS_KINDS = ("box", "discrete", "multi_discrete", "multi_binary")
+#: observation kinds: a Box, a Discrete (one int64 scalar), a MultiDiscrete (int64 vector), a MultiBinary (int8),
+#: a tree (a Dict/Tuple of those, carried as one packed uint8 row: see components.obs_tree)
+OBS_KINDS = ("box", "discrete", "multi_discrete", "multi_binary", "tree")
 #: action kinds: Discrete (an int64 scalar), Box (float32), MultiDiscrete (int64 vector), MultiBinary (int8)
 ACTION_KINDS = ("discrete", "continuous", "multi_discrete", "multi_binary")
-_SUPPORTED = ("Box, Discrete, MultiDiscrete or MultiBinary observations; Discrete, Box, MultiDiscrete or "
-              "MultiBinary actions")
+_SUPPORTED = ("Box, Discrete, MultiDiscrete or MultiBinary observations, or a Dict/Tuple of them; Discrete, Box, "
+              "MultiDiscrete or MultiBinary actions")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,10 @@ class EnvSpec:
     ``obs_kind`` says how observations encode: ``box`` (values as they are),
     ``discrete`` / ``multi_discrete`` (categories: component ``i`` in
     ``obs_start[i] .. obs_start[i] + obs_nvec[i] - 1``, one-hot encoded by the
-    default models) or ``multi_binary`` (0/1 flags).
+    default models), ``multi_binary`` (0/1 flags) or ``tree``: a Dict/Tuple
+    space whose ``obs_leaves`` are packed into one ``uint8[obs_shape]`` row
+    (:mod:`components.obs_tree`). ``action_mask`` names the tree leaf that
+    says which actions are allowed (``components.action_masks``), if any.
     """
 
     obs_shape: tuple[int, ...]
@@ -59,6 +64,27 @@ class EnvSpec:
     obs_start: tuple[int, ...] = ()
     #: choices per action component (multi_discrete, flattened)
     action_nvec: tuple[int, ...] = ()
+    #: a tree observation's leaves, in packing order, and the tree paths that are Tuples
+    obs_leaves: tuple[ObsLeaf, ...] = ()
+    obs_tuples: tuple[tuple[str | int, ...], ...] = ()
+    #: the name of the leaf holding the action mask (True: allowed), None without masks
+    action_mask: str | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.obs_kind == "tree"
+
+    def leaf(self, name: str) -> ObsLeaf:
+        return next(leaf for leaf in self.obs_leaves if leaf.name == name)
+
+    @property
+    def mask_size(self) -> int:
+        """Entries an action mask must have: one per choice (MultiDiscrete: per choice of each component)."""
+        if self.action_kind == "discrete":
+            return self.action_n
+        if self.action_kind == "multi_discrete":
+            return sum(self.action_nvec)
+        return 0
 
     @property
     def action_dtype(self) -> str:
@@ -73,6 +99,13 @@ class EnvSpec:
         """An observation every space of this kind contains: zeros, or each component's first category."""
         if self.categorical_obs:
             return np.asarray(self.obs_start, np.int64).reshape(self.obs_shape)
+        if self.is_tree:
+            row = zero_row(self.obs_leaves)
+            if self.action_mask is not None:  # every action allowed: a model's check batch must be actable
+                from components.obs_tree import leaf_view
+
+                leaf_view(row, self.leaf(self.action_mask))[...] = 1
+            return row
         return np.zeros(self.obs_shape, self.obs_dtype)
 
     def zero_actions(self, rows: int) -> np.ndarray:
@@ -84,8 +117,10 @@ class EnvSpec:
         from gymnasium import spaces
 
         shape = self.obs_shape
-        if self.obs_kind == "discrete":
-            obs: Any = spaces.Discrete(self.obs_nvec[0], start=self.obs_start[0])
+        if self.is_tree:
+            obs: Any = rebuild_space(self.obs_leaves, self.obs_tuples)
+        elif self.obs_kind == "discrete":
+            obs = spaces.Discrete(self.obs_nvec[0], start=self.obs_start[0])
         elif self.obs_kind == "multi_discrete":
             obs = spaces.MultiDiscrete(np.reshape(self.obs_nvec, shape), start=np.reshape(self.obs_start, shape))
         elif self.obs_kind == "multi_binary":
@@ -130,8 +165,30 @@ class EnvSpec:
                    "obs_start": tuple(int(s) for s in np.ravel(obs_space.start))}
         elif isinstance(obs_space, spaces.MultiBinary):
             obs = {"obs_shape": tuple(obs_space.shape), "obs_dtype": "int8", "obs_kind": "multi_binary"}
+        elif isinstance(obs_space, (spaces.Dict, spaces.Tuple)):
+            try:
+                leaves, tuples = tree_leaves(obs_space)
+            except UnsupportedSpace as err:
+                raise EnvConfigError(f"{err}; supported: {_SUPPORTED}") from None
+            obs = {"obs_shape": (packed_size(leaves),), "obs_dtype": "uint8", "obs_kind": "tree",
+                   "obs_leaves": leaves, "obs_tuples": tuples}
         else:
             raise EnvConfigError(f"observation space {obs_space} is not supported ({_SUPPORTED})")
+        spec = cls._actions_of(obs, act_space)
+        mask = getattr(env, "action_mask_leaf", None)  # set by components.action_masks.ActionMaskWrapper
+        if mask is None:
+            return spec
+        from components.action_masks import MaskError, checked_mask_spec
+
+        try:
+            return checked_mask_spec(spec, mask)
+        except MaskError as err:
+            raise EnvConfigError(str(err)) from None
+
+    @classmethod
+    def _actions_of(cls, obs: dict[str, Any], act_space: Any) -> EnvSpec:
+        from gymnasium import spaces
+
         if isinstance(act_space, spaces.Discrete):
             if int(act_space.start) != 0:
                 raise EnvConfigError(f"action space {act_space}: a Discrete space with start={act_space.start} is "

@@ -10,7 +10,6 @@ process, so no module is ever pickled.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,52 +21,13 @@ from components.envs import EnvSpec
 from components.heads import BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, head_for
 from components.interaction import InteractionMode
 from components.normalization import RunningNorm
-from components.obs_input import ObservationInput
+from components.encoders import ACTIVATIONS as _ACTIVATIONS
+from components.encoders import NatureCNN, mlp
+from components.encoders import layer_init as _layer_init
+from components.obs_input import ObservationInput, masked
 
 __all__ = ["ActorCritic", "BernoulliHead", "CategoricalHead", "GaussianHead", "ModelSpec", "MultiCategoricalHead",
            "NatureCNN", "QNetwork", "mlp"]
-
-
-def _layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
-    # Orthogonal init with per-layer gains: the PPO implementation detail
-    # that matters most for fast, stable early learning (Huang et al. 2022).
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
-
-
-def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [_layer_init(nn.Linear(in_dim, width)), activation()]
-        in_dim = width
-    return nn.Sequential(*layers)
-
-
-class NatureCNN(nn.Module):
-    """The DQN Nature encoder; uint8 frames are scaled to [0, 1] inside."""
-
-    def __init__(self, in_channels: int, screen_size: int = 84, features: int = 512) -> None:
-        super().__init__()
-        self.convs = nn.Sequential(
-            _layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
-            nn.ReLU(),
-            _layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            _layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            flat = self.convs(torch.zeros(1, in_channels, screen_size, screen_size)).shape[1]
-        self.fc = nn.Sequential(_layer_init(nn.Linear(flat, features)), nn.ReLU())
-        self.out_dim = features
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(obs.float() / 255.0))
 
 
 def _greedy_rows(modes: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,9 +74,13 @@ class ActorCritic(nn.Module):
         self.obs_norm: RunningNorm | None = None
         self.head: nn.Module = head_for(spec, init_log_std)
         action_dim = self.head.dim
-        #: how observations become features (one-hot for categorical ones): see components.obs_input
-        self.inputs = ObservationInput(spec)
-        if encoder == "mlp":
+        #: how observations become features (one-hot for categorical ones, a Dict/Tuple leaf by leaf, images
+        #: by the Nature CNN): see components.obs_input
+        self.inputs = ObservationInput(spec, features)
+        if spec.is_tree and obs_norm:
+            raise ValueError("model.obs_norm=true: Dict/Tuple observations are encoded leaf by leaf; normalising "
+                             "them is not supported (normalise the vector leaves in the env)")
+        if encoder == "mlp" or spec.is_tree:  # a tree's images have their CNN in the inputs
             in_dim = self.inputs.out_dim
             hidden = tuple(hidden)
             self.shared: nn.Module | None = None
@@ -147,7 +111,7 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters (logits or mean) and state values."""
         x = self._features(obs)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        return masked(self.actor(x), self.inputs.mask(obs)), self.critic(x).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self._features(obs)).squeeze(-1)
@@ -204,8 +168,8 @@ class QNetwork(nn.Module):
             raise ValueError(f"QNetwork needs a Discrete action space, not {spec.action_kind} actions (use trainer=ppo)")
         self.spec = spec
         act = _ACTIVATIONS[activation]
-        self.inputs = ObservationInput(spec)
-        if encoder == "mlp":
+        self.inputs = ObservationInput(spec, features)
+        if encoder == "mlp" or spec.is_tree:  # a tree's images have their CNN in the inputs
             in_dim = self.inputs.out_dim
             hidden = tuple(hidden)
             self.shared: nn.Module | None = None
@@ -220,17 +184,23 @@ class QNetwork(nn.Module):
         self.register_buffer("epsilon", torch.ones(()))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Action values; a masked action's is :data:`~components.obs_input.MASKED_LOGIT` (so a max skips it)."""
         x = self.shared(obs) if self.shared is not None else self.inputs(obs)
-        return self.head(x)
+        return masked(self.head(x), self.inputs.mask(obs))
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        q = self(inputs["observation"])
+        obs = inputs["observation"]
+        q = self(obs)
         greedy = q.argmax(-1)
         n = q.shape[0]
         explore = torch.rand(n, device=q.device) < self.epsilon
         if modes is not None:
             explore &= modes == int(InteractionMode.RANDOM)
-        random = torch.randint(0, self.spec.action_n, (n,), device=q.device)
+        mask = self.inputs.mask(obs)
+        if mask is None:
+            random = torch.randint(0, self.spec.action_n, (n,), device=q.device)
+        else:  # uniform over the allowed actions
+            random = (torch.rand(q.shape, device=q.device) * mask).argmax(-1)
         return {"action": torch.where(explore, random, greedy)}
 
 

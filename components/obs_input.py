@@ -6,6 +6,14 @@ cell 1. Categorical observations (Discrete, MultiDiscrete) are one-hot
 encoded here, each component over its own categories, concatenated; past
 :data:`ONE_HOT_MAX` categories in all a learned embedding per component
 replaces the one-hot (its width stays small whatever the count).
+
+A Dict/Tuple observation arrives as one packed byte row
+(:mod:`components.obs_tree`): each leaf is read back as a view of its own
+dtype and encoded by what it is (the Nature CNN for a ``uint8 [C, H, W]``
+image of 36 pixels or more, one-hot for categories, the values as they are
+for vectors and flags) and the features are concatenated, the composite
+encoder of RLlib and Sample Factory. The action mask leaf, if any, is not a
+feature: :meth:`ObservationInput.mask` hands it to the action head.
 """
 
 from __future__ import annotations
@@ -16,11 +24,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.encoders import NatureCNN
 from components.envs import EnvSpec
+from components.obs_tree import leaf_tensors
 
 #: most categories (summed over components) still one-hot encoded; beyond, an embedding of EMBEDDING_DIM each
 ONE_HOT_MAX = 1024
 EMBEDDING_DIM = 32
+#: the logit of a masked action: far below any real one, finite so p * log p stays 0 (no NaN in the entropy)
+MASKED_LOGIT = -1e8
+
+
+def masked(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` with the actions ``mask`` forbids (False) pushed to :data:`MASKED_LOGIT`."""
+    return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
 class ObservationInput(nn.Module):
@@ -32,10 +49,30 @@ class ObservationInput(nn.Module):
         [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
     """
 
-    def __init__(self, spec: EnvSpec) -> None:
+    def __init__(self, spec: EnvSpec, features: int = 512) -> None:
         super().__init__()
         self.categorical = spec.categorical_obs
         self.embedding: nn.Embedding | None = None
+        #: a tree's leaves, the encoder of each feature leaf (in order) and the mask leaf's index
+        self.leaves = spec.obs_leaves
+        self.parts: nn.ModuleList | None = None
+        self.features: list[int] = []
+        self.mask_index: int | None = None
+        if spec.is_tree:
+            self.parts = nn.ModuleList()
+            for k, leaf in enumerate(spec.obs_leaves):
+                if leaf.name == spec.action_mask:
+                    self.mask_index = k
+                    continue
+                self.features.append(k)
+                if leaf.image:
+                    self.parts.append(NatureCNN(leaf.shape[0], leaf.shape[1], features, width=leaf.shape[2]))
+                else:
+                    self.parts.append(ObservationInput(EnvSpec(leaf.shape, leaf.dtype, "discrete", action_n=1,
+                                                               obs_kind=leaf.kind, obs_nvec=leaf.nvec,
+                                                               obs_start=leaf.start)))
+            self.out_dim = sum(int(part.out_dim) for part in self.parts)
+            return
         if not self.categorical:
             self.out_dim = int(math.prod(spec.obs_shape)) if spec.obs_shape else 1
             return
@@ -49,8 +86,20 @@ class ObservationInput(nn.Module):
             self.embedding = nn.Embedding(self.total, EMBEDDING_DIM)
             self.out_dim = EMBEDDING_DIM * len(spec.obs_nvec)
 
+    def mask(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """The action mask of each row (``[rows, choices]`` bool), or None for an env without one."""
+        if self.mask_index is None:
+            return None
+        leaf = self.leaves[self.mask_index]
+        window = obs[..., leaf.offset:leaf.offset + leaf.nbytes]
+        return (window.reshape(obs.shape[0], -1) != 0) if leaf.dtype in ("uint8", "int8", "bool") else (
+            leaf_tensors([leaf], obs)[0].reshape(obs.shape[0], -1) != 0)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         rows = obs.shape[0]
+        if self.parts is not None:
+            values = leaf_tensors(self.leaves, obs)
+            return torch.cat([part(values[k]) for k, part in zip(self.features, self.parts)], dim=-1)
         if not self.categorical:
             return obs.reshape(rows, -1).float()
         index = obs.reshape(rows, -1).long() + self.first  # [rows, components], into the concatenated categories

@@ -390,3 +390,92 @@ class WrongShapeModel(TinyActorCritic):
     def act(self, inputs, modes=None):  # noqa: ANN001, ANN201
         out = super().act(inputs, modes)
         return {**out, "action": out["action"].unsqueeze(-1)}
+
+
+class TreeEnv:
+    """A Dict (or Tuple) observation of every leaf kind, optionally with an action mask; act to match the goal.
+
+    ``kind``: ``dict`` ({goal: Discrete(n), frame: uint8 [2, 3, 3], state: float64 [2], flags: MultiBinary(3)})
+    or ``tuple`` ((goal, state float32 [2], {cells: MultiDiscrete([2, 3])})). Every leaf is a function of the
+    step ``t`` and the goal, so a reader can check each transition bit for bit (:func:`tree_consistent`).
+    ``mask``: ``obs`` (an ``action_mask`` leaf) or ``info`` (``info["action_mask"]``) allows the goal and one
+    decoy; a masked action raises. The reward is 1 for the goal; episodes last 8 steps (best return 8).
+    """
+
+    def __init__(self, kind: str = "dict", mask: str | None = None, n: int = 5, empty_mask_at: int = -1) -> None:
+        import gymnasium as gym
+
+        s = gym.spaces
+        self.kind, self.mask, self.n, self.empty_mask_at = kind, mask, n, empty_mask_at
+        if kind == "dict":
+            leaves = {"goal": s.Discrete(n), "frame": s.Box(0, 255, (2, 3, 3), np.uint8),
+                      "state": s.Box(-np.inf, np.inf, (2,), np.float64), "flags": s.MultiBinary(3)}
+            if mask == "obs":
+                leaves["action_mask"] = s.MultiBinary(n)
+            self.observation_space = s.Dict(leaves)
+        else:
+            self.observation_space = s.Tuple((s.Discrete(n), s.Box(-np.inf, np.inf, (2,), np.float32),
+                                              s.Dict({"cells": s.MultiDiscrete([2, 3])})))
+        self.action_space = s.Discrete(n)
+        self._rng = np.random.default_rng(0)
+        self._t, self._goal, self._allowed = 0, 0, np.ones(n, np.int8)
+
+    def _draw(self) -> None:
+        self._goal = int(self._rng.integers(self.n))
+        self._allowed = np.zeros(self.n, np.int8)
+        if self._t != self.empty_mask_at:
+            self._allowed[self._goal] = 1
+            self._allowed[(self._goal + 1 + int(self._rng.integers(self.n - 1))) % self.n] = 1
+
+    def _obs(self) -> Any:
+        t, g = self._t, self._goal
+        if self.kind == "tuple":
+            return (g, np.array([t, t / 3.0], np.float32), {"cells": np.array([t % 2, g % 3], np.int64)})
+        obs = {"goal": g, "frame": np.full((2, 3, 3), (t * 7 + g) % 256, np.uint8),
+               "state": np.array([t, t / 3.0]), "flags": np.array([g & 1, (g >> 1) & 1, (g >> 2) & 1], np.int8)}
+        if self.mask == "obs":
+            obs["action_mask"] = self._allowed.copy()
+        return obs
+
+    def _info(self) -> dict:
+        return {"action_mask": self._allowed.astype(bool)} if self.mask == "info" else {}
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._t = 0
+        self._draw()
+        return self._obs(), self._info()
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        action = int(action)
+        if self.mask and not self._allowed[action]:
+            raise ValueError(f"masked action {action} taken at step {self._t} (allowed {self._allowed.tolist()})")
+        reward = float(action == self._goal)
+        self._t += 1
+        self._draw()
+        return self._obs(), reward, False, self._t >= 8, self._info()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class TreeEnvFactory:
+    """A picklable factory of :class:`TreeEnv`."""
+
+    kind: str = "dict"
+    mask: str | None = None
+    n: int = 5
+    empty_mask_at: int = -1
+
+    def __call__(self) -> TreeEnv:
+        return TreeEnv(self.kind, self.mask, self.n, self.empty_mask_at)
+
+
+def tree_consistent(leaves: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, whether the unpacked leaves of :class:`TreeEnv` (dict kind) are one observation, bit for bit."""
+    t, g = leaves["state"][..., 0], leaves["goal"]
+    ok = (leaves["state"][..., 1] == t / 3.0) & (leaves["frame"].reshape(*g.shape, -1) == ((t * 7 + g) % 256)[..., None]).all(-1)
+    bits = np.stack([g & 1, (g >> 1) & 1, (g >> 2) & 1], -1)
+    return ok & (leaves["flags"] == bits).all(-1)

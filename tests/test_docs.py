@@ -73,3 +73,22 @@ def test_option_files_state_only_what_differs_from_their_schema():
                 if default == value:
                     restated.append(f"conf/{group}/{path.name}: {key}: {value!r}")
     assert not restated, restated
+
+
+def test_the_bring_your_own_example_trains_as_the_page_says(tmp_path):
+    """docs/bring-your-own.md's command, as written there: a Dict env with a mask and a model of one's own."""
+    import os
+    import shlex
+
+    from tests.conftest import run_pipeline
+
+    page = (ROOT / "docs" / "bring-your-own.md").read_text()
+    command = re.search(r"```bash\n(.*?)```", page, re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(command)
+    assert words[:4] == ["PYTHONPATH=docs/examples", "python", "-m", "pipeline"], words[:4]
+    run_dir = tmp_path / "run"
+    done = run_pipeline([*words[4:], "progress=false", f"hydra.run.dir={run_dir}"], tmp_path, timeout=300,
+                        env={"PYTHONPATH": str(ROOT / "docs" / "examples") + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "target_return:" in done.stdout + done.stderr, done.stdout[-2000:]
+    assert (run_dir / "checkpoint.pt").exists()

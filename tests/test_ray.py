@@ -265,7 +265,8 @@ def test_dqn_fills_replay_from_env_hosts(two_nodes, tmp_path):
 
 
 def test_flat_spaces_and_own_models_reach_env_hosts(two_nodes, tmp_path):
-    """Each host rebuilds the env and the model by itself: one-hot inputs, factorised heads, a user's class.
+    """Each host rebuilds the env and the model by itself: one-hot inputs, factorised heads, a Dict observation
+    with an info mask (the env raises on a masked action), a user's class.
 
     The joined cluster's workers import this checkout's tests package through ray.runtime_env's PYTHONPATH.
     """
@@ -273,6 +274,8 @@ def test_flat_spaces_and_own_models_reach_env_hosts(two_nodes, tmp_path):
     for name, overrides in (
             ("spaces", ["env.factory._target_=tests.fakes.MatchEnvFactory", "~env.factory.id",
                         "+env.factory.obs=discrete"]),
+            ("masked-dict", ["env.factory._target_=tests.fakes.TreeEnvFactory", "~env.factory.id",
+                             "+env.factory.mask=info"]),
             ("own-model", ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16"])):
         run_dir = tmp_path / name
         done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", reach, *overrides, "trainer.total_frames=2048",

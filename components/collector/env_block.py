@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from components.collector.failures import NonFiniteStep
+from components.collector.tree_rows import TreeRows
 from components.collector.spec_checks import (
     FAST_FLAGS,
     FAST_REWARDS,
@@ -105,6 +106,11 @@ class EnvBlock:
         if self.spec.categorical_obs:
             low = np.asarray(self.spec.obs_start, np.int64).reshape(self._obs_shape)
             self._categories = (low, low + np.asarray(self.spec.obs_nvec, np.int64).reshape(self._obs_shape))
+        #: a Dict/Tuple observation: its leaves written into packed rows, each checked (components.obs_tree)
+        self._tree = TreeRows(self.spec) if self.spec.is_tree else None
+        self._tree_checks = self._tree is not None and (self._tree.has_categories or self._tree.has_mask)
+        if self._tree is not None:
+            self._float_obs = self._tree.has_float
         if not self._discrete:
             self._low = np.asarray(self.spec.action_low, np.float32).reshape(self.spec.action_shape)
             self._high = np.asarray(self.spec.action_high, np.float32).reshape(self.spec.action_shape)
@@ -136,11 +142,15 @@ class EnvBlock:
 
     def reset(self, obs_out: np.ndarray) -> None:
         """Reset every env with its own seed and write the first observations."""
+        views = None if self._tree is None else self._tree.views(obs_out)
         for i, env in enumerate(self._envs):
             obs, _ = env.reset(seed=self._seeds[i])
             env.action_space.seed(self._seeds[i])
-            obs_out[i] = self._observation(i, obs, "on its first reset")
-        if self._categories is not None:
+            if views is None:
+                obs_out[i] = self._observation(i, obs, "on its first reset")
+            else:
+                self._checked(i, "on its first reset", self._tree.write, views, i, obs)
+        if self._categories is not None or self._tree_checks:
             self._check_categories(obs_out[:len(self._envs)], "on its first reset")
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
@@ -200,16 +210,23 @@ class EnvBlock:
         shape, dtype, ndarray, int_obs = self._obs_shape, self._obs_dtype, np.ndarray, self._int_scalar_obs
         cast = self._cast_dtype
         fast_rewards, fast_flags = FAST_REWARDS, FAST_FLAGS
+        tree = self._tree
+        views = None if tree is None else tree.views(fresh)
         for i, env in enumerate(self._envs):
             obs, reward, term, trunc, _ = env.step(acts[i])
-            # The fast path: exactly what the spec says is written as it is (a Python int too, for a
-            # Discrete observation space: toy-text envs return one every step); anything else is checked.
-            if (((type(obs) is not ndarray or obs.shape != shape or (obs.dtype is not dtype and obs.dtype is not cast))
-                 and not (type(obs) is int and int_obs))
-                    or type(reward) not in fast_rewards or type(term) not in fast_flags
-                    or type(trunc) not in fast_flags):
-                obs, reward, term, trunc = self._check_step(i, obs, reward, term, trunc)
-            fresh[i] = obs
+            if views is None:
+                # The fast path: exactly what the spec says is written as it is (a Python int too, for a
+                # Discrete observation space: toy-text envs return one every step); anything else is checked.
+                if (((type(obs) is not ndarray or obs.shape != shape
+                      or (obs.dtype is not dtype and obs.dtype is not cast)) and not (type(obs) is int and int_obs))
+                        or type(reward) not in fast_rewards or type(term) not in fast_flags
+                        or type(trunc) not in fast_flags):
+                    obs, reward, term, trunc = self._check_step(i, obs, reward, term, trunc)
+                fresh[i] = obs
+            else:  # a Dict/Tuple: each leaf into its view of the packed row, held to its space
+                self._checked(i, None, tree.write, views, i, obs)
+                if type(reward) not in fast_rewards or type(term) not in fast_flags or type(trunc) not in fast_flags:
+                    _, reward, term, trunc = self._check_step(i, None, reward, term, trunc)
             rewards[i] = reward
             trunc = trunc or (truncate and not term)
             if term or trunc:
@@ -220,7 +237,8 @@ class EnvBlock:
         reward_arr[:] = rewards
         # One reduction per leaf: a sum is finite when every value is (a sum that overflows takes the exact
         # check below, which then finds nothing); a quarter of the isfinite-then-all cost on small blocks.
-        if not isfinite(add_reduce(reward_arr, None)) or (self._float_obs and not isfinite(add_reduce(fresh, None))):
+        if not isfinite(add_reduce(reward_arr, None)) or (self._float_obs and not (
+                isfinite(add_reduce(fresh, None)) if tree is None else tree.finite(fresh))):
             if not self.skip_non_finite:
                 self._non_finite(reward_arr, fresh)
             for i in self._non_finite_envs(reward_arr, fresh):
@@ -230,8 +248,8 @@ class EnvBlock:
                 if i not in ended:
                     ended.append(i)
                 skipped += 1
-        if self._categories is not None:
-            self._check_categories(fresh, None)
+        if self._categories is not None or self._tree_checks:
+            self._check_categories(fresh, None, masks=False)
         done = rows["next.done"]
         if ended:
             rows["next.terminated"][:] = terminated
@@ -251,16 +269,23 @@ class EnvBlock:
                 next_obs[i] = obs_out[i]  # the final observation, before the reset replaces it
         else:
             obs_out[:] = next_obs
+        out_views = None if tree is None or not ended else tree.views(obs_out)
         for i in ended:
             obs, _ = self._envs[i].reset()
-            if ((type(obs) is not ndarray or obs.shape != shape or (obs.dtype is not dtype and obs.dtype is not cast))
-                    and not (type(obs) is int and int_obs)):
-                obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
-            obs_out[i] = obs
-            if self._categories is not None:
-                self._check_categories(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}", i)
+            if out_views is not None:
+                self._checked(i, f"on the reset after its step {int(self.env_step[i])}", tree.write, out_views, i, obs)
+            else:
+                if ((type(obs) is not ndarray or obs.shape != shape
+                     or (obs.dtype is not dtype and obs.dtype is not cast)) and not (type(obs) is int and int_obs)):
+                    obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
+                obs_out[i] = obs
+            if self._categories is not None or self._tree_checks:
+                self._check_categories(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}", i,
+                                       masks=False)
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
+        if tree is not None and tree.has_mask:  # every observation acted on next must allow some action
+            self._check_tree(obs_out[:len(self._envs)], None, 0, True, categories=False)
         return skipped
 
     def check_actions(self, actions: Any) -> None:
@@ -275,9 +300,9 @@ class EnvBlock:
 
     def _check_step(self, i: int, obs: Any, reward: Any, term: Any, trunc: Any) -> tuple[Any, Any, bool, bool]:
         """What env ``i``'s step returned, the leaves the fast path would not take checked."""
-        if not ((type(obs) is np.ndarray and obs.shape == self._obs_shape
-                 and (obs.dtype is self._obs_dtype or obs.dtype is self._cast_dtype))
-                or (type(obs) is int and self._int_scalar_obs)):
+        if self._tree is None and not ((type(obs) is np.ndarray and obs.shape == self._obs_shape
+                                        and (obs.dtype is self._obs_dtype or obs.dtype is self._cast_dtype))
+                                       or (type(obs) is int and self._int_scalar_obs)):
             obs = self._observation(i, obs, None)
         if type(reward) not in FAST_REWARDS:
             reward = self._checked(i, None, check_reward, reward)
@@ -306,8 +331,16 @@ class EnvBlock:
             at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
             raise violation(int(self.env_ids[i]), at, err) from None
 
-    def _check_categories(self, obs: np.ndarray, when: str | None, first: int = 0) -> None:
-        """A categorical observation outside its space's categories is the env's spec violation, named."""
+    def _check_categories(self, obs: np.ndarray, when: str | None, first: int = 0, masks: bool = True) -> None:
+        """A categorical observation outside its space's categories is the env's spec violation, named.
+
+        A tree's categorical leaves are checked the same way, and (``masks``:
+        on observations the policy acts on) its action mask: one that allows
+        no action is the env's error, named, not a NaN in the policy.
+        """
+        if self._tree is not None:
+            self._check_tree(obs, when, first, masks)
+            return
         assert self._categories is not None
         low, high = self._categories
         outside = (obs < low) | (obs >= high)
@@ -320,10 +353,26 @@ class EnvBlock:
         at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
         raise violation(int(self.env_ids[i]), at, err)
 
+    def _check_tree(self, obs: np.ndarray, when: str | None, first: int, masks: bool, categories: bool = True) -> None:
+        assert self._tree is not None
+        outside = self._tree.outside_categories(obs) if categories else None
+        if outside is not None:
+            i = first + outside[0]
+            at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
+            raise violation(int(self.env_ids[i]), at, OffSpec(outside[1]))
+        empty = self._tree.empty_mask(obs) if masks else None
+        if empty is not None:
+            i = first + empty
+            at = when if when is not None else f"after its step {int(self.env_step[i])}"
+            raise violation(int(self.env_ids[i]), at, OffSpec(
+                f"its action mask {self.spec.action_mask!r} allows no action"))
+
     def _non_finite_envs(self, rewards: np.ndarray, next_obs: np.ndarray) -> list[int]:
         flat = next_obs.reshape(len(self._envs), -1)
         bad = ~np.isfinite(rewards)
-        if self._float_obs:
+        if self._tree is not None:
+            bad |= self._tree.non_finite_rows(next_obs)
+        elif self._float_obs:
             bad |= ~np.isfinite(flat).all(axis=1)
         return np.flatnonzero(bad).tolist()
 
@@ -333,7 +382,9 @@ class EnvBlock:
         for i in range(len(self._envs)):
             if not np.isfinite(rewards[i]):
                 what = f"reward {rewards[i]}"
-            elif self._float_obs and not np.isfinite(flat[i]).all():
+            elif self._tree is not None and self._tree.non_finite_rows(next_obs[i:i + 1])[0]:
+                what = "observation with NaN/inf values"
+            elif self._tree is None and self._float_obs and not np.isfinite(flat[i]).all():
                 what = "observation with NaN/inf values"
             else:
                 continue

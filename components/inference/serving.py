@@ -135,6 +135,8 @@ def numpy_eligible(model: Any, device: str) -> str | None:
         return f"{type(model).__name__} has no numpy engine"
     if model.shared is not None:
         return "only MLP encoders have a numpy engine"
+    if model.spec.is_tree:
+        return "Dict/Tuple observations have no numpy engine"
     if model.spec.categorical_obs:
         return "categorical (one-hot encoded) observations have no numpy engine"
     if isinstance(model, ActorCritic) and not isinstance(model.head, (CategoricalHead, GaussianHead)):

@@ -33,6 +33,7 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
     """The env factory and the spec of one env it makes (an unknown id is a config error)."""
     from hydra.utils import instantiate
 
+    from components.action_masks import MaskError, with_masks
     from components.envs import EnvConfigError, probe_env_spec
 
     if cfg.env.get("factories"):
@@ -44,8 +45,9 @@ def build_env(cfg: DictConfig) -> tuple[Any, Any]:
         raise ConfigError(f"env.factory: cannot build it: {type(cause).__name__}: "
                           f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
     try:
+        env_factory = with_masks(env_factory, cfg.env.get("action_mask_key"))
         return env_factory, probe_env_spec(env_factory)
-    except EnvConfigError as err:
+    except (EnvConfigError, MaskError) as err:
         raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
 
 
@@ -53,6 +55,7 @@ def build_env_set(cfg: DictConfig) -> tuple[Any, Any]:
     """``env.factories`` as an :class:`~components.env_set.EnvSet`, every entry probed: one spec for all, or one line."""
     from hydra.utils import instantiate
 
+    from components.action_masks import MaskError, with_masks
     from components.env_set import EnvSet, EnvSetEntry
     from components.envs import EnvConfigError, probe_env_spec
 
@@ -75,8 +78,10 @@ def build_env_set(cfg: DictConfig) -> tuple[Any, Any]:
         entries.append(EnvSetEntry(factory, count, str(item.get("task") or f"task{i}"),
                                    int(item.get("seed_offset") or 0)))
         try:
+            factory = with_masks(factory, cfg.env.get("action_mask_key"))
+            entries[-1] = EnvSetEntry(factory, count, entries[-1].task, entries[-1].seed_offset)
             specs.append(probe_env_spec(factory))
-        except EnvConfigError as err:
+        except (EnvConfigError, MaskError) as err:
             raise ConfigError(f"{where}: {err}") from None
         if specs[-1] != specs[0]:
             raise ConfigError(f"{where} ({entries[-1].task}): its envs' spaces differ from {entries[0].task}'s "

@@ -27,12 +27,37 @@ def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
+class _MaskedActions:
+    """Steps a masked env with an allowed action whatever action it is given (the probe's random ones are not)."""
+
+    def __init__(self, env: Any, key: str, obs: Any) -> None:
+        from components.action_masks import allowed_action
+
+        self.env, self.key, self.obs = env, key, obs
+        self.action_space, self._pick, self._rng = env.action_space, allowed_action, np.random.default_rng(0)
+
+    def step(self, action: Any) -> Any:
+        result = self.env.step(self._pick(self.action_space, self.obs[self.key], self._rng))
+        self.obs = result[0]
+        return result
+
+    def reset(self) -> Any:
+        self.obs, info = self.env.reset()
+        return self.obs, info
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def _time_env(factory: Callable[[], Any], budget_s: float) -> tuple[float, float]:
     """Wall and thread-CPU seconds of one env step, resets included as a run pays them: the median round's."""
     env = factory()
     try:
-        env.reset(seed=0)
+        obs, _ = env.reset(seed=0)
         env.action_space.seed(0)
+        mask_key = getattr(env, "action_mask_leaf", None)
+        if mask_key is not None:  # a masked env: each action one its last observation allows
+            env = _MaskedActions(env, mask_key, obs)
         # as the worker passes them (numpy integers and float32 arrays): some envs call array methods on them
         actions = [env.action_space.sample() for _ in range(64)]
         for action in actions[:4]:  # warm-up: first steps allocate

@@ -117,6 +117,8 @@ def numpy_spaces(env_spec: Any) -> str | None:
         return None
     if env_spec.obs_kind in ("discrete", "multi_discrete"):
         return "categorical observations (one-hot encoded)"
+    if env_spec.obs_kind == "tree":
+        return "Dict/Tuple observations"
     if env_spec.action_kind in ("multi_discrete", "multi_binary"):
         return f"{env_spec.action_kind} actions"
     return None

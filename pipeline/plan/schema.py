@@ -36,6 +36,9 @@ class EnvSchema:
     #: an env set instead of env.factory: a list of {factory: {_target_: ...}, count: N, task: name, seed_offset: K}
     #: (task: the metrics' name, default task<i>; the counts sum to num_envs; every entry makes the same spaces)
     factories: list[Any] | None = None
+    #: the action mask's name: a top-level key of a Dict observation, or of the info dict (read on a reset at plan
+    #: time); True entries are the allowed actions (Discrete and MultiDiscrete; null: never mask)
+    action_mask_key: str | None = "action_mask"
 
 
 @dataclass

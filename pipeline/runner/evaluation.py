@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from components.envs import EnvSpec
 from components.interaction import InteractionMode
+from components.obs_tree import pack
 
 #: Seeds of eval envs start here, far from the training envs' (derived from the run seed).
 EVAL_SEED_OFFSET = 1_000_003
@@ -52,6 +54,7 @@ class Evaluator:
         self.model = copy.deepcopy(model).cpu().eval()
         self.episodes, self.seed, self.max_steps = int(episodes), int(seed), int(max_steps)
         self._envs: list[Any] = []
+        self._leaves: tuple[Any, ...] = ()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._result: dict[str, float] | None = None
@@ -116,13 +119,17 @@ class Evaluator:
             with self._lock:
                 self._error = err
 
+    def _row(self, obs: Any) -> np.ndarray:
+        return pack(self._leaves, obs) if self._leaves else np.asarray(obs)
+
     def _play(self, count: int) -> tuple[list[float], list[int]]:
         if not self._envs:
             cycle = getattr(self.env_factory, "cycle", None)  # an env set: its tasks in turn
             factories = cycle(self.episodes) if cycle is not None else [self.env_factory] * self.episodes
             self._envs = [make() for make in factories]
+            self._leaves = EnvSpec.from_env(self._envs[0]).obs_leaves  # a Dict/Tuple: packed as the collector does
         seeds = np.random.SeedSequence([self.seed, EVAL_SEED_OFFSET, count]).generate_state(self.episodes)
-        obs = np.stack([np.asarray(env.reset(seed=int(s))[0]) for env, s in zip(self._envs, seeds)])
+        obs = np.stack([self._row(env.reset(seed=int(s))[0]) for env, s in zip(self._envs, seeds)])
         live = np.ones(self.episodes, bool)
         returns, lengths = np.zeros(self.episodes), np.zeros(self.episodes, np.int64)
         modes = torch.full((self.episodes,), int(InteractionMode.DETERMINISTIC), dtype=torch.int8)
@@ -139,7 +146,7 @@ class Evaluator:
                 elif not action.shape:  # Discrete: an int; MultiDiscrete and MultiBinary take their row as it is
                     action = int(action)
                 o, r, terminated, truncated, _ = self._envs[i].step(action)
-                obs[i] = o
+                obs[i] = self._row(o)
                 returns[i] += float(r)
                 lengths[i] += 1
                 if terminated or truncated:
