@@ -116,10 +116,12 @@ class BernoulliHead(nn.Module):
 
 
 class GaussianHead(nn.Module):
-    """Continuous actions: a diagonal Gaussian with a state-independent log-std.
+    """Continuous actions: a diagonal Gaussian, with a state-independent log-std unless one is given per row.
 
     Actions are sampled unbounded (the env block clips them to the action
     box), so the stored log-probability matches the sampled action exactly.
+    ``log_std`` given to :meth:`act`/:meth:`evaluate` (``[rows, dim]``, a
+    TensorDictModule's ``scale`` out_key) replaces the learned parameter.
     """
 
     def __init__(self, dim: int, init_log_std: float = 0.0, shape: tuple[int, ...] | None = None) -> None:
@@ -127,20 +129,42 @@ class GaussianHead(nn.Module):
         self.dim, self.shape = dim, tuple(shape) if shape is not None else (dim,)
         self.log_std = nn.Parameter(torch.full((dim,), init_log_std))
 
-    def act(self, mean: torch.Tensor, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        std = self.log_std.exp()
-        action = mean + std * torch.randn_like(mean)
+    def act(self, mean: torch.Tensor, greedy: torch.Tensor | None,
+            log_std: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        log_std = self.log_std if log_std is None else log_std
+        action = mean + log_std.exp() * torch.randn_like(mean)
         if greedy is not None:
             action = torch.where(greedy.unsqueeze(-1), mean, action)
-        return action.reshape(action.shape[0], *self.shape), self._log_prob(mean, action)
+        return action.reshape(action.shape[0], *self.shape), self._log_prob(mean, action, log_std)
 
-    def _log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        var = (2 * self.log_std).exp()
-        return (-((action - mean) ** 2) / (2 * var) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    @staticmethod
+    def _log_prob(mean: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        var = (2 * log_std).exp()
+        return (-((action - mean) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
-    def evaluate(self, mean: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[0])
-        return self._log_prob(mean, action.reshape(action.shape[0], -1)), entropy
+    def evaluate(self, mean: torch.Tensor, action: torch.Tensor,
+                 log_std: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        log_std = self.log_std if log_std is None else log_std
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand(mean.shape[0])
+        return self._log_prob(mean, action.reshape(action.shape[0], -1), log_std), entropy
+
+
+def epsilon_greedy(q: torch.Tensor, epsilon: torch.Tensor, modes: torch.Tensor | None,
+                   mask: torch.Tensor | None, random_mode: int) -> torch.Tensor:
+    """Argmax of action values ``q``, or with probability ``epsilon`` (rows in ``random_mode`` only) a random action.
+
+    The random action is uniform over the actions ``mask`` allows (all, without one).
+    """
+    greedy = q.argmax(-1)
+    n = q.shape[0]
+    explore = torch.rand(n, device=q.device) < epsilon
+    if modes is not None:
+        explore &= modes == random_mode
+    if mask is None:
+        random = torch.randint(0, q.shape[-1], (n,), device=q.device)
+    else:
+        random = (torch.rand(q.shape, device=q.device) * mask).argmax(-1)
+    return torch.where(explore, random, greedy)
 
 
 def head_for(spec: EnvSpec, init_log_std: float = 0.0) -> nn.Module:

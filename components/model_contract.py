@@ -16,6 +16,10 @@ call more:
   returns ``action``; an ``epsilon`` buffer (the exploration rate the trainer
   sets and the weights carry to the server).
 
+``model._target_`` may also name a function returning a
+``tensordict.nn.TensorDictModule``: :mod:`components.td_policy` says which
+``out_keys`` it must write, and wraps it into the methods above.
+
 A model that breaks it would fail in a worker or the server process, in
 torch's words, after every process started; :func:`check_model` runs one
 small batch through it on the driver and says what is wrong in one line.
@@ -75,6 +79,10 @@ def check_model(model: Any, spec: EnvSpec, trainer: str, rows: int = 2) -> None:
     import torch
 
     name = type(model).__name__
+    why_not = getattr(model, "missing_for", None)  # a wrapper that knows what it lacks says it in its words
+    reason = why_not(trainer) if callable(why_not) else None
+    if reason:
+        raise ModelContractError(reason)
     missing = [m for m in NEEDS.get(trainer, ("act",)) if not callable(getattr(model, m, None))]
     if missing:
         raise ModelContractError(f"{name} has no {', '.join(missing)} method(s); trainer={trainer} calls "

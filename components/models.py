@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from components.envs import EnvSpec
-from components.heads import BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, head_for
+from components.heads import BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, epsilon_greedy, \
+    head_for
 from components.interaction import InteractionMode
 from components.normalization import RunningNorm
 from components.encoders import ACTIVATIONS as _ACTIVATIONS
@@ -190,18 +191,8 @@ class QNetwork(nn.Module):
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         obs = inputs["observation"]
-        q = self(obs)
-        greedy = q.argmax(-1)
-        n = q.shape[0]
-        explore = torch.rand(n, device=q.device) < self.epsilon
-        if modes is not None:
-            explore &= modes == int(InteractionMode.RANDOM)
-        mask = self.inputs.mask(obs)
-        if mask is None:
-            random = torch.randint(0, self.spec.action_n, (n,), device=q.device)
-        else:  # uniform over the allowed actions
-            random = (torch.rand(q.shape, device=q.device) * mask).argmax(-1)
-        return {"action": torch.where(explore, random, greedy)}
+        action = epsilon_greedy(self(obs), self.epsilon, modes, self.inputs.mask(obs), int(InteractionMode.RANDOM))
+        return {"action": action}
 
 
 @dataclass(frozen=True)
@@ -219,6 +210,12 @@ class ModelSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, env_spec: EnvSpec) -> nn.Module:
+        """The model; a ``TensorDictModule`` the target returns is wrapped (:mod:`components.td_policy`)."""
+        from components.td_policy import TensorDictPolicy, is_tensordict_module
+
         module_name, _, attr = self.target.rpartition(".")
         factory = getattr(importlib.import_module(module_name), attr)
-        return factory(env_spec, **self.kwargs)
+        model = factory(env_spec, **self.kwargs)
+        if is_tensordict_module(model):
+            return TensorDictPolicy(model, env_spec, float(self.kwargs.get("init_log_std", 0.0)))
+        return model

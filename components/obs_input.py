@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from components.encoders import NatureCNN
 from components.envs import EnvSpec
-from components.obs_tree import leaf_tensors
+from components.obs_tree import ObsLeaf, leaf_tensors
 
 #: most categories (summed over components) still one-hot encoded; beyond, an embedding of EMBEDDING_DIM each
 ONE_HOT_MAX = 1024
@@ -38,6 +38,11 @@ MASKED_LOGIT = -1e8
 def masked(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``logits`` with the actions ``mask`` forbids (False) pushed to :data:`MASKED_LOGIT`."""
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
+
+
+def mask_rows(leaf: ObsLeaf, obs: torch.Tensor) -> torch.Tensor:
+    """The action mask leaf ``leaf`` of packed rows ``obs`` as ``[rows, choices]`` bool (non-zero: allowed)."""
+    return leaf_tensors([leaf], obs)[0].reshape(obs.shape[0], -1) != 0
 
 
 class ObservationInput(nn.Module):
@@ -88,12 +93,7 @@ class ObservationInput(nn.Module):
 
     def mask(self, obs: torch.Tensor) -> torch.Tensor | None:
         """The action mask of each row (``[rows, choices]`` bool), or None for an env without one."""
-        if self.mask_index is None:
-            return None
-        leaf = self.leaves[self.mask_index]
-        window = obs[..., leaf.offset:leaf.offset + leaf.nbytes]
-        return (window.reshape(obs.shape[0], -1) != 0) if leaf.dtype in ("uint8", "int8", "bool") else (
-            leaf_tensors([leaf], obs)[0].reshape(obs.shape[0], -1) != 0)
+        return None if self.mask_index is None else mask_rows(self.leaves[self.mask_index], obs)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         rows = obs.shape[0]

@@ -479,3 +479,22 @@ def tree_consistent(leaves: dict[str, np.ndarray]) -> np.ndarray:
     ok = (leaves["state"][..., 1] == t / 3.0) & (leaves["frame"].reshape(*g.shape, -1) == ((t * 7 + g) % 256)[..., None]).all(-1)
     bits = np.stack([g & 1, (g >> 1) & 1, (g >> 2) & 1], -1)
     return ok & (leaves["flags"] == bits).all(-1)
+
+
+def tensordict_policy(spec, width: int = 32):  # noqa: ANN001, ANN201 - a TorchRL user's model: a TensorDictModule
+    """An actor-critic as a TorchRL user writes it: one MLP writing ``logits`` and ``state_value``."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+
+    obs = int(np.prod(spec.obs_shape)) if spec.obs_shape else 1
+    trunk = TensorDictModule(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(obs, width), torch.nn.Tanh()),
+                             in_keys=["observation"], out_keys=["hidden"])
+    actor = TensorDictModule(torch.nn.Linear(width, spec.action_n), in_keys=["hidden"], out_keys=["logits"])
+    critic = TensorDictModule(torch.nn.Linear(width, 1), in_keys=["hidden"], out_keys=["state_value"])
+    return TensorDictSequential(trunk, actor, critic)
+
+
+def tensordict_actor_only(spec):  # noqa: ANN001, ANN201 - writes no state_value: PPO refuses it in one line
+    from tensordict.nn import TensorDictModule
+
+    return TensorDictModule(torch.nn.Linear(int(np.prod(spec.obs_shape)), spec.action_n),
+                            in_keys=["observation"], out_keys=["logits"])
