@@ -26,6 +26,7 @@ by the wrapper: the network need not know of it.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -44,10 +45,13 @@ TRAINER_KEYS = {"ppo": ("actor", "state_value"), "dqn": ("action_value",)}
 
 
 def is_tensordict_module(obj: Any) -> bool:
-    """Whether ``obj`` is a ``TensorDictModuleBase`` (``TensorDictModule``, ``TensorDictSequential``, ...)."""
-    from tensordict.nn import TensorDictModuleBase
+    """Whether ``obj`` is a ``TensorDictModuleBase`` (``TensorDictModule``, ``TensorDictSequential``, ...).
 
-    return isinstance(obj, TensorDictModuleBase)
+    Asked of every model built, so it never imports tensordict itself (that import costs ~2 s: it loads
+    ``torch._dynamo``): a TensorDictModule exists only where its maker already imported ``tensordict.nn``.
+    """
+    nn_module = sys.modules.get("tensordict.nn")
+    return nn_module is not None and isinstance(obj, nn_module.TensorDictModuleBase)
 
 
 def _key_name(key: Any) -> str:

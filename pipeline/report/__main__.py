@@ -75,9 +75,9 @@ def serve(root: Path, port: int, every: float, idle_timeout: float) -> None:
     rebuilder = threading.Thread(target=rebuild, name="report-rebuild", daemon=True)
     rebuilder.start()
     host, real_port = server.server_address[:2]
-    print(f"serving {out} ({count} runs) at http://{host}:{real_port}/{REPORT} "
-          f"(rebuilt every {every:g} s; Ctrl-C stops)", flush=True)
-    try:
+    try:  # before the line: a Ctrl-C right after it (a reader acting on it) must find the handler's frame
+        print(f"serving {out} ({count} runs) at http://{host}:{real_port}/{REPORT} "
+              f"(rebuilt every {every:g} s; Ctrl-C stops)", flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
