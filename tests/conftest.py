@@ -151,3 +151,21 @@ def sample_while_writing(buffer: Any, parts: list[Any], batch_size: int, check: 
     assert not writer.is_alive(), "the writer thread hung"
     assert not errors, errors
     return sampled
+
+
+@pytest.fixture(scope="module")
+def ray_machine_lock() -> Iterator[None]:
+    """Holds a machine-wide lock for a module that starts Ray clusters, so two such modules never overlap.
+
+    The suite runs two files at a time (pytest-xdist); the Ray modules count the machine's Ray processes.
+    A file lock rather than xdist's groups: those do not take effect with pytest 9.
+    """
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "rlpipeline-tests-ray.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other module ends within its tests' timeouts
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

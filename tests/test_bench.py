@@ -54,8 +54,8 @@ def test_the_sweep_adds_env_counts_and_caps_torchrl_but_never_the_main_count():
 
 def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 2, "warmup": 0.2, "seconds": 0.5,
-           # a fixed layout and the one ours:auto picks by measurement, beside both loops
-           "contenders": ["gym_sync", "ours:thread/slots/thread/auto", "bare_procs", "ours:auto"],
+           # the layout ours:auto picks by measurement, beside both loops (a fixed layout: test_ray.py's benchmark)
+           "contenders": ["gym_sync", "bare_procs", "ours:auto"],
            "sweep_envs": [2], "sweep_contenders": ["gym_sync"], "trial_timeout": 120}
     lines: list[str] = []
     report = run_bench(cfg, tmp_path, log=lines.append)
@@ -70,7 +70,6 @@ def test_a_small_benchmark_alternates_contenders_and_reports_ratios(tmp_path):
     # ours:auto is set against what its own trials predicted (each probed before it ran), not a re-prediction
     own = [t["predicted_fps"] for t in report["trials"] if t["contender"] == "ours:auto" and t["num_envs"] == 4]
     assert len(own) == 2 and report["summary"]["ours:auto"]["4"]["predicted"] == pytest.approx(statistics.median(own))
-    assert report["summary"]["ours:thread/slots/thread/auto"]["4"]["predicted"] > 0
     saved = json.loads((tmp_path / "bench_cartpole.json").read_text())
     assert saved["summary"].keys() == report["summary"].keys()
     table = format_report(report)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -331,33 +329,29 @@ def _run_dir(args: list[str], tmp_path: Path) -> Path:
     return tmp_path / "_".join(a.replace("=", "-").replace("[", "").replace("]", "") for a in args)
 
 
-def _cli(args: list[str], tmp_path: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", *args, f"hydra.run.dir={_run_dir(args, tmp_path)}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+def _cli(cases: list[list[str]], tmp_path: Path) -> list[dict]:
+    """Each case as ``python -m pipeline`` (forked from one interpreter: tests/cli_forks.py), side by side."""
+    import os
+
+    from tests.cli_forks import run_forked
+
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return run_forked([[*args, f"hydra.run.dir={_run_dir(args, tmp_path)}"] for args in cases], ROOT, env)
 
 
-def test_a_user_sees_one_line_exit_code_2_and_no_traceback(tmp_path):
+def test_a_user_sees_one_line_exit_code_2_and_no_traceback_and_hydra_reports_its_own_errors(tmp_path):
     cases = [["server.max_batch_size=0"], ["env.id=NoSuchEnv-v0"], ["device=cuda"], ["chunking.chunks_per_worker=2"],
              ["env=gym", "env.id=Pendulum-v1", "trainer=dqn", "replay=uniform"], ["trainer.name=dqn", "replay=uniform"]]
-    procs = [(_cli(args, tmp_path), args) for args in cases]  # run side by side
-    for proc, args in procs:
-        out, err = proc.communicate(timeout=120)
+    *ours, banana, typo = _cli([*cases, ["workers=banana"], ["server.max_batch_sise=4"]], tmp_path)
+    for args, result in zip(cases, ours):
+        out, err = result["stdout"], result["stderr"]
         lines = [line for line in err.splitlines() if line.strip()]
-        assert proc.returncode == 2, (args, err)
+        assert result["returncode"] == 2, (args, err)
         assert len(lines) == 1 and lines[0].startswith("config error: "), (args, err)
         assert "Traceback" not in out + err
         assert not (_run_dir(args, tmp_path) / "metrics.jsonl").exists(), "nothing starts on a bad config"
-
-
-def test_hydra_reports_its_own_errors(tmp_path):
-    proc = _cli(["workers=banana"], tmp_path)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "workers/banana" in err
-    proc = _cli(["server.max_batch_sise=4"], tmp_path)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "max_batch_sise" in err
+    assert banana["returncode"] != 0 and "workers/banana" in banana["stderr"]
+    assert typo["returncode"] != 0 and "max_batch_sise" in typo["stderr"]
 
 
 # ------------------------------------------------------------------ auto plan

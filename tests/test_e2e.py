@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,14 +121,14 @@ def test_atari_runs_with_batched_inference(tmp_path):
     pytest.importorskip("ale_py")
     run_dir = tmp_path / "pong"
     result = run_pipeline(
-        ["env=atari", "transport=slots", "server=process", "trainer.total_frames=1536", "trainer.frames_per_batch=512",
-         "env.num_envs=8", "env.envs_per_worker=2", "logger=jsonl", "logger.interval=1", "progress=false",
+        ["env=atari", "transport=slots", "server=process", "trainer.total_frames=1024", "trainer.frames_per_batch=512",
+         "trainer.epochs=1", "env.num_envs=8", "env.envs_per_worker=2", "logger=jsonl", "logger.interval=1", "progress=false",
          f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "transport slots: every worker" in result.stdout
     rows, summary = _rows(run_dir)
-    assert summary["frames"] == 1536
+    assert summary["frames"] == 1024
     assert max(r.get("server/avg_batch_size", 0) for r in rows) > 1
 
 
@@ -217,10 +218,14 @@ def test_envs_that_mostly_wait_train_with_concurrent_envs_chosen_by_measurement(
                            "trainer.target_return=null", "logger=jsonl", "progress=false",
                            f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "each env in its own thread" in result.stdout, result.stdout
+    # Which of the two the model prefers depends on the machine's costs (GIL time per frame against the CPUs);
+    # stepping the 16 envs one after another (a ~32 ms round) is never right.
+    own_thread = "each env in its own thread" in result.stdout
+    own_process = re.search(r"-> 16 process worker\(s\) of (up to )?1 envs", result.stdout) is not None
+    assert own_thread or own_process, result.stdout
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 4096
-    assert rows[-1]["server/policy_version"] > 0, "the trainer's weights reached the workers' copies"
+    assert rows[-1]["server/policy_version"] > 0, "the trainer's weights reached the policy that acted"
 
 
 def test_a_closure_env_factory_trains_with_process_workers(tmp_path):

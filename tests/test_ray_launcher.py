@@ -15,11 +15,16 @@ import pytest
 from tests.conftest import run_pipeline
 from tests.test_ray import _ray_pids, _rows
 
+# Never beside the other Ray module (the suite runs two files at a time): both count the machine's raylets and
+# hosts, and the launcher's ray.init() would join this module's cluster.
+pytestmark = pytest.mark.usefixtures("ray_machine_lock")
+
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 
+@pytest.mark.timeout(900)  # may first wait for test_ray.py's module to end (ray_machine_lock)
 def test_a_sweep_launched_on_ray_runs_each_job_on_the_launchers_cluster(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="hydra-ray-launcher is not installed")
     before = _ray_pids("raylet") | _ray_pids("gcs_server")

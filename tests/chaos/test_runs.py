@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, assert_group_gone, run_pipeline
-from tests.procs import spawned_children
+from tests.procs import leaked_shm, spawned_children
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,8 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_no_poisoned_checkpoint(tmp_pa
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_a_hung_env_step_ends_the_run_within_step_timeout(tmp_path, workers):
     proc = _start([*FAULTY, "+env.factory.at_step=300", "+env.factory.fault=hang", f"workers={workers}",
-                   "workers.step_timeout=3", "trainer.target_return=null", "logger=jsonl", "progress=false",
+                   "workers.step_timeout=3", "workers.max_restarts=0",  # restarts: tests/chaos/test_restarts.py
+                   "trainer.target_return=null", "logger=jsonl", "progress=false",
                    f"hydra.run.dir={tmp_path / 'hung'}"], tmp_path)
     started = time.monotonic()
     _, err = proc.communicate(timeout=120)
@@ -122,8 +123,7 @@ def _catches(pid: int, sig: int) -> bool:
     return bool(caught >> (int(sig) - 1) & 1)
 
 
-@pytest.mark.parametrize(("sig", "after"), [(signal.SIGINT, 0.3), (signal.SIGTERM, 1.0), (signal.SIGINT, 1.7),
-                                          (signal.SIGTERM, 2.1), (signal.SIGINT, 2.5)])
+@pytest.mark.parametrize(("sig", "after"), [(signal.SIGINT, 0.3), (signal.SIGTERM, 1.2), (signal.SIGINT, 2.5)])
 def test_a_signal_during_start_up_is_one_line_and_exit_130(tmp_path, sig, after):
     run_dir = tmp_path / "early"
     proc = _start(["workers=process", "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
@@ -189,12 +189,12 @@ def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm_after_the_next_run(
     proc.communicate(timeout=30)
     assert_group_gone(proc.pid)
     if when == "while training":  # without worker restarts, the names are dropped once every process opened them
-        assert not set(os.listdir("/dev/shm")) - before
+        assert not leaked_shm(before)
     # whatever a kill during start-up left is swept by the next run
     result = run_pipeline(["trainer.total_frames=256", "logger=jsonl", f"hydra.run.dir={tmp_path / 'next'}"],
                           cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    left = set(os.listdir("/dev/shm")) - before
+    left = leaked_shm(before)
     assert not left, f"left in /dev/shm: {sorted(left)}"
 
 
