@@ -62,6 +62,7 @@ class ActionMaskWrapper:
         self.action_space = env.action_space
         self.observation_space = env.observation_space
         self.action_mask_leaf = key
+        self.action_mask_source = "info" if from_info else "obs"  # what the plan says
         self._from_info = from_info
         self._size = _action_choices(env.action_space)
         self._step = 0
@@ -149,8 +150,9 @@ def with_masks(factory: Any, key: str | None) -> Any:
     return factory if source is None else MaskedEnvFactory(factory, key, source)
 
 
-def checked_mask_spec(spec: Any, name: str) -> Any:
-    """``spec`` with ``action_mask=name``, the leaf checked against the action space (a :class:`MaskError` line)."""
+def checked_mask_spec(spec: Any, name: str, source: str = "obs") -> Any:
+    """``spec`` with ``action_mask=name`` (from ``source``), the leaf checked against the action space (a
+    :class:`MaskError` line)."""
     if spec.action_kind not in ("discrete", "multi_discrete"):
         raise MaskError(f"the env gives an action mask ({name!r}) but its actions are {spec.action_kind}: "
                              "masks apply to Discrete and MultiDiscrete actions")
@@ -161,7 +163,7 @@ def checked_mask_spec(spec: Any, name: str) -> Any:
     if size != spec.mask_size or leaf.dtype not in ("int8", "uint8", "bool", "int64", "int32"):
         raise MaskError(f"the action mask {name!r} is {leaf.shape} {leaf.dtype}; the action space needs "
                              f"{spec.mask_size} 0/1 entries")
-    return dataclasses.replace(spec, action_mask=name)
+    return dataclasses.replace(spec, action_mask=name, action_mask_source=source)
 
 
 def mask_segments(spec: Any) -> list[tuple[int, int]]:

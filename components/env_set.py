@@ -11,6 +11,7 @@ spaces: one policy serves them all.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,22 @@ class EnvSet:
     def cycle(self, n: int) -> list[Callable[[], Any]]:
         """``n`` factories taking the tasks in turn (evaluation envs: every task is evaluated)."""
         return [self.entries[i % len(self.entries)].factory for i in range(n)]
+
+    def slice(self, first: int, count: int) -> EnvSet:
+        """Env ids ``first .. first + count - 1`` as a set of their own, numbered from 0 (one Ray host's envs).
+
+        Each env keeps its factory, task name and seed offset; entries with no env in the range drop out.
+
+        Examples:
+            >>> envs = EnvSet([EnvSetEntry(int, 3, "a"), EnvSetEntry(float, 2, "b", seed_offset=100)])
+            >>> part = envs.slice(2, 2)
+            >>> part.tasks, part.task_of().tolist(), part.seed_of(1, 7)
+            (('a', 'b'), [0, 1], 107)
+        """
+        if first < 0 or count < 1 or first + count > self.num_envs:
+            raise ValueError(f"env ids {first}..{first + count - 1} are not all in this set of {self.num_envs}")
+        ids = self._entry[first:first + count]
+        return EnvSet([dataclasses.replace(self.entries[i], count=int((ids == i).sum())) for i in np.unique(ids)])
 
     def __call__(self) -> Any:
         """One env of the first entry (what a spec probe builds)."""

@@ -69,6 +69,8 @@ class EnvSpec:
     obs_tuples: tuple[tuple[str | int, ...], ...] = ()
     #: the name of the leaf holding the action mask (True: allowed), None without masks
     action_mask: str | None = None
+    #: where the env gives it: ``"obs"`` (a leaf of its Dict observation) or ``"info"`` (moved into the tree)
+    action_mask_source: str | None = None
 
     @property
     def is_tree(self) -> bool:
@@ -181,7 +183,7 @@ class EnvSpec:
         from components.action_masks import MaskError, checked_mask_spec
 
         try:
-            return checked_mask_spec(spec, mask)
+            return checked_mask_spec(spec, mask, getattr(env, "action_mask_source", "obs"))
         except MaskError as err:
             raise EnvConfigError(str(err)) from None
 

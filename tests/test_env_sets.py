@@ -49,11 +49,17 @@ def test_a_wrong_env_set_is_one_line(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_env_sets_are_refused_with_ray_hosts_in_one_line():
-    from pipeline.plan.validate import validate
-
-    with pytest.raises(ConfigError, match="env sets run in thread and process workers"):
-        validate(compose("workers=ray", f"env.factories=[{{factory:{CARTPOLE}}},count:8}}]"), cuda_available=False)
+def test_each_ray_host_builds_its_range_of_an_env_set_with_its_tasks_seeds():
+    """A host's envs are a slice of the set: env ids from 0, each with the factory and seed offset it had."""
+    env_set = EnvSet([EnvSetEntry(MatchEnvFactory("multi_discrete"), 3, "a"),
+                      EnvSetEntry(MatchEnvFactory("multi_binary"), 3, "b", seed_offset=100)])
+    host = env_set.slice(2, 3)  # global ids 2, 3, 4
+    assert host.tasks == ("a", "b") and host.task_of().tolist() == [0, 1, 1]
+    assert [host.seed_of(i, 5) for i in range(3)] == [env_set.seed_of(g, 5) for g in (2, 3, 4)] == [5, 105, 105]
+    assert [host.for_env(i) for i in range(3)] == [env_set.for_env(g) for g in (2, 3, 4)]
+    assert env_set.slice(3, 3).tasks == ("b",)
+    with pytest.raises(ValueError, match="not all in this set of 6"):
+        env_set.slice(4, 3)
 
 
 @pytest.mark.parametrize("workers", ["thread", "process"])

@@ -126,3 +126,23 @@ def test_the_ray_plan_says_hosts_object_refs_and_no_chunking_line():
     auto = ray_plan(compose("workers=ray"), resolve_plan(compose("workers=ray"), CPU), _Cluster())[0]
     assert auto.choice("workers").facts["hosts"].code == "auto.per_cpu"
     assert "auto -> 4: one per 1 CPU(s) of the cluster's 4, at most num_envs" in auto.reason("workers")
+
+
+@pytest.mark.parametrize(("mask", "trainer", "sentence"), [
+    ("obs", "ppo", "masks     the observation's 'action_mask' leaf (env.action_mask_key): actions are drawn and "
+                   "taken greedily among the allowed ones; masked log-probs and entropy in PPO"),
+    ("info", "dqn", "masks     info['action_mask'] of every reset and step, moved into the observation "
+                    "(env.action_mask_key): actions are drawn and taken greedily among the allowed ones; masked max "
+                    "in its targets"),
+])
+def test_the_plan_says_where_the_action_mask_comes_from(mask, trainer, sentence):
+    from components.action_masks import with_masks
+    from components.envs import probe_env_spec
+    from tests.fakes import TreeEnvFactory
+
+    spec = probe_env_spec(with_masks(TreeEnvFactory(mask=mask), "action_mask"))
+    assert (spec.action_mask, spec.action_mask_source) == ("action_mask", mask)
+    overrides = ["trainer=dqn", "replay=uniform"] if trainer == "dqn" else []
+    lines = resolve_plan(compose(*overrides), CPU, env_spec=spec).lines()
+    assert sentence in lines, lines
+    assert not [line for line in resolve_plan(compose(), CPU).lines() if line.startswith("masks")]

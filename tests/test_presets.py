@@ -20,6 +20,8 @@ from tests.conftest import compose
                      "trainer.target_return": 200.0, "env.num_envs": 16}),
     (["env=box2d", "trainer=dqn", "replay=uniform"], {"trainer.lr": 0.00063, "replay.capacity": 50000,
                                                       "model._target_": "components.models.QNetwork"}),
+    (["env=toy_text"], {"trainer.frames_per_batch": 2048, "trainer.ent_coef": 0.01, "trainer.gamma": 0.99,
+                        "trainer.target_return": 7.0, "env.num_envs": 16, "env.id": "Taxi-v4"}),
     (["env=mujoco", "trainer.lr=0.001"], {"trainer.lr": 0.001}),  # the command line still wins
 ])
 def test_each_family_gets_its_preset(overrides, expected):

@@ -18,6 +18,10 @@ from components.ray.collector import RayHostsSpec, split_envs
 from pipeline.plan.validate import ConfigError, validate
 from tests.conftest import ROOT, compose, run_pipeline, wait_for_training
 
+# Never beside the other Ray module (the suite runs two files at a time): both count the machine's raylets and
+# hosts, and the launcher's ray.init() would join this module's cluster.
+pytestmark = pytest.mark.usefixtures("ray_machine_lock")
+
 # Before Ray is imported: a single-machine cluster advertises and binds 127.0.0.1 only; no usage stats.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -142,10 +146,13 @@ def test_a_local_cluster_is_started_for_the_run_and_gone_after_it(tmp_path):
     run_dir = tmp_path / "local"
     # sync_collection: the hosts' workers are parked (remotely) during every update
     pools = tmp_path / "pools"  # what each process's thread pools held (components/threads.py)
-    done = run_pipeline([*SOLVE, "ray.address=local", "trainer.sync_collection=true", f"hydra.run.dir={run_dir}"],
+    # a fixed budget: solving CartPole on Ray is test_cartpole_is_solved_with_env_hosts_on_both_nodes_of_a_cluster
+    done = run_pipeline(["workers=ray", "trainer.total_frames=4096", "trainer.target_return=null", "progress=false",
+                         "logger=jsonl", "ray.address=local", "trainer.sync_collection=true", f"hydra.run.dir={run_dir}"],
                         cwd=tmp_path, timeout=280, env={"RLPIPELINE_POOLS_DIR": str(pools)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "started here (127.0.0.1 only" in done.stdout and "target_return" in done.stdout
+    assert "started here (127.0.0.1 only" in done.stdout
+    assert _rows(run_dir)[-1]["summary"]["frames"] == 4096
     assert "each env host 1" in done.stdout
     hosts = [json.loads(p.read_text()) for p in pools.glob("ray-host-*.json")]
     assert hosts, sorted(p.name for p in pools.glob("*"))
@@ -265,24 +272,34 @@ def test_dqn_fills_replay_from_env_hosts(two_nodes, tmp_path):
 
 
 def test_flat_spaces_and_own_models_reach_env_hosts(two_nodes, tmp_path):
-    """Each host rebuilds the env and the model by itself: one-hot inputs, factorised heads, a Dict observation
-    with an info mask (the env raises on a masked action), a user's class.
+    """Each host rebuilds the env and the model by itself: a Dict observation with one-hot inputs and an info
+    mask (the env raises on a masked action), a user's class, an env set (a host's envs span both tasks).
 
     The joined cluster's workers import this checkout's tests package through ray.runtime_env's PYTHONPATH.
     """
     reach = f"+ray.runtime_env.env_vars={{PYTHONPATH:'{ROOT}'}}"
     for name, overrides in (
-            ("spaces", ["env.factory._target_=tests.fakes.MatchEnvFactory", "~env.factory.id",
-                        "+env.factory.obs=discrete"]),
+            # the default model's one-hot input for the Discrete goal leaf, the tree and the mask rebuilt on the host
             ("masked-dict", ["env.factory._target_=tests.fakes.TreeEnvFactory", "~env.factory.id",
                              "+env.factory.mask=info"]),
-            ("own-model", ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16"])):
+            # a user's class, imported by the host (factorised actions convert in the env block every
+            # placement shares: tests/test_spaces.py), over an env set of 3 + 5 envs (one a closure: cloudpickle)
+            ("own-model-env-set", ["model._target_=tests.fakes.TinyActorCritic", "+model.width=16", "env.num_envs=8",
+                                   "env.factories=[{factory:{_target_:components.envs.GymEnvFactory,id:CartPole-v1,"
+                                   "kwargs:{max_episode_steps:20}},count:3,task:short},"
+                                   "{factory:{_target_:tests.fakes.closure_env_factory,env_id:CartPole-v1},"
+                                   "count:5,task:long,seed_offset:1000}]"])):
         run_dir = tmp_path / name
         done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", reach, *overrides, "trainer.total_frames=2048",
                              "trainer.target_return=null", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
                             cwd=tmp_path, timeout=240)
         assert done.returncode == 0, (name, done.stderr[-3000:])
-        assert _rows(run_dir)[-1]["summary"]["frames"] == 2048, name
+        rows = _rows(run_dir)
+        assert rows[-1]["summary"]["frames"] == 2048, name
+        if name == "own-model-env-set":
+            short = [r["episode/short/return_mean"] for r in rows if "episode/short/return_mean" in r]
+            long = [r["episode/long/return_mean"] for r in rows if "episode/long/return_mean" in r]
+            assert short and long and max(short) <= 20, (short, long)
 
 
 def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_path):

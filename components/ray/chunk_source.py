@@ -33,6 +33,7 @@ import numpy as np
 
 from components.collector.assembly import ChunkQueue
 from components.collector.failures import CollectorError, Failure, RestartBudget
+from components.env_set import EnvSet
 from components.envs import env_seeds
 from components.ray.cluster import RayCluster
 from components.ray.errors import ray_failure
@@ -114,8 +115,11 @@ class HostChunks:
         if h.scheduling != "DEFAULT":  # "SPREAD": hosts on as many nodes as possible
             options["scheduling_strategy"] = h.scheduling
         spec = self._host_spec(i, launch)
+        # an env set: the host builds its own range of env ids, each with its task's factory and seed offset
+        factory = b.env_factory.slice(spec.first_env, spec.num_envs) if isinstance(b.env_factory, EnvSet) \
+            else b.env_factory
         actor = self._remote_cls.options(**options).remote(
-            spec, b.env_factory, b.model_spec, b.env_spec, b.server_config, weights_ref, version)
+            spec, factory, b.model_spec, b.env_spec, b.server_config, weights_ref, version)
         return _Host(spec, actor)
 
     def launch_all(self, weights_ref: Any, version: int) -> None:

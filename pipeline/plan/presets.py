@@ -20,6 +20,7 @@ from pipeline.plan.options import option_summary
 
 #: env= option -> the modules its envs' entry points come from
 FAMILIES = {"box2d": ("gymnasium.envs.box2d",), "mujoco": ("gymnasium.envs.mujoco",), "atari": ("ale_py",),
+            "toy_text": ("gymnasium.envs.toy_text",),
             # continuous classic control only: CartPole and Acrobot keep the defaults
             "classic": ("gymnasium.envs.classic_control.pendulum",
                         "gymnasium.envs.classic_control.continuous_mountain_car")}
@@ -31,7 +32,8 @@ def _summary(path: Path) -> str:
 
 
 def family_of(env_id: str) -> str | None:
-    """``box2d``, ``mujoco`` or ``classic`` (continuous classic control) for a gymnasium id of those families."""
+    """``box2d``, ``mujoco``, ``atari``, ``toy_text`` or ``classic`` (continuous classic control) for a gymnasium id
+    of those families."""
     try:
         import gymnasium as gym
 

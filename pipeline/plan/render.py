@@ -226,6 +226,15 @@ def tasks(choice: Choice[int]) -> str:
     return f"{choice.value} task(s), one policy: " + ", ".join(parts) + "; episode/<task>/* metrics for each"
 
 
+def masks(choice: Choice[str]) -> str:
+    where = (f"info[{choice.value!r}] of every reset and step, moved into the observation" if choice.code == "info"
+             else f"the observation's {choice.value!r} leaf")
+    use = ("masked max in its targets" if choice.facts["trainer"] == "dqn"
+           else "masked log-probs and entropy in PPO")
+    return (f"{where} (env.action_mask_key): actions are drawn and taken greedily among the allowed ones; "
+            f"{use}")
+
+
 def cluster(choice: Choice[Any]) -> str:
     return str(choice.facts["described"])
 
@@ -241,7 +250,7 @@ def envs(choice: Choice[int]) -> str:
 LINES: dict[str, Callable[[Choice], str]] = {
     "workers": workers, "cpus": cpus, "transport": transport, "server": server, "chunking": chunking,
     "device": devices, "replay": replay, "trainer": trainer, "collector": collector, "threads": threads,
-    "preset": preset, "cluster": cluster, "tasks": tasks,
+    "preset": preset, "cluster": cluster, "tasks": tasks, "masks": masks,
 }
 
 

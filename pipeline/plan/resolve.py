@@ -263,6 +263,9 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         entries = [(str(e.get("task") or f"task{i}"), int(e.get("count", 1)), int(e.get("seed_offset") or 0))
                    for i, e in enumerate(cfg.env.factories)]
         choices.append(("tasks", Choice(len(entries), "env_set", {"entries": entries})))
+    if env_spec is not None and getattr(env_spec, "action_mask", None):
+        choices.append(("masks", Choice(str(env_spec.action_mask), str(env_spec.action_mask_source or "obs"),
+                                        {"trainer": str(cfg.trainer.name)})))
     if machine.total_cpus is not None:
         choices.append(("cpus", Choice(machine.cpus, "sweep_share",
                                        {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))

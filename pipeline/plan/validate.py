@@ -206,9 +206,6 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     if workers_backend == "ray" and str(get("workers.concurrent_envs")).lower() == "true":
         raise ConfigError("workers.concurrent_envs=true: applies to thread and process workers; each Ray env "
                           "host steps its envs as one block")
-    if workers_backend == "ray" and cfg.env.get("factories"):
-        raise ConfigError("env.factories: env sets run in thread and process workers; Ray env hosts take one "
-                          "env.factory (not yet an env set)")
     if workers_backend == "ray":
         _validate_ray(cfg)
     affinity = get("workers.affinity")
