@@ -297,8 +297,9 @@ def test_flat_spaces_and_own_models_reach_env_hosts(two_nodes, tmp_path):
         rows = _rows(run_dir)
         assert rows[-1]["summary"]["frames"] == 2048, name
         if name == "own-model-env-set":
-            short = [r["episode/short/return_mean"] for r in rows if "episode/short/return_mean" in r]
-            long = [r["episode/long/return_mean"] for r in rows if "episode/long/return_mean" in r]
+            # a row before a task's first finished episode holds null for it
+            short = [r["episode/short/return_mean"] for r in rows if r.get("episode/short/return_mean") is not None]
+            long = [r["episode/long/return_mean"] for r in rows if r.get("episode/long/return_mean") is not None]
             assert short and long and max(short) <= 20, (short, long)
 
 
