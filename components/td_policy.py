@@ -78,10 +78,9 @@ class TensorDictPolicy(nn.Module):
         self.mask_leaf = spec.leaf(spec.action_mask) if spec.action_mask is not None else None
         self.register_buffer("epsilon", torch.ones(()))
         zero = torch.from_numpy(spec.zero_observation()[None].copy())
-        available = set(self._tensordict(zero).keys(include_nested=True))
+        available = {k if isinstance(k, tuple) else (k,) for k in self._tensordict(zero).keys(include_nested=True)}
         for key in getattr(module, "in_keys", ()):
-            wanted = key if isinstance(key, tuple) else (key,)
-            if (wanted if len(wanted) > 1 else wanted[0]) not in available and wanted not in available:
+            if (key if isinstance(key, tuple) else (key,)) not in available:
                 names = sorted(_key_name(k) for k in available)
                 raise ValueError(f"the TensorDictModule reads {_key_name(key)!r}, which the observation does "
                                  f"not have (it has {', '.join(names)})")
@@ -135,8 +134,9 @@ class TensorDictPolicy(nn.Module):
         obs = inputs["observation"]
         out = self._run(obs)
         if not self.has_actor:
-            q = masked(out.get("action_value").reshape(obs.shape[0], -1), self._mask(obs))
-            return {"action": epsilon_greedy(q, self.epsilon, modes, self._mask(obs), int(InteractionMode.RANDOM))}
+            mask = self._mask(obs)
+            q = masked(out.get("action_value").reshape(obs.shape[0], -1), mask)
+            return {"action": epsilon_greedy(q, self.epsilon, modes, mask, int(InteractionMode.RANDOM))}
         params, log_std = self._actor(out, obs)
         greedy = None if modes is None else modes != int(InteractionMode.RANDOM)
         if isinstance(self.head, GaussianHead):
