@@ -259,6 +259,18 @@ def _install_mujoco_warning_hook(env_id: str) -> None:
 
 def _ensure_registered(env_id: str) -> None:
     _install_mujoco_warning_hook(env_id)
+    if not env_id.startswith("ALE/"):
+        import gymnasium as gym
+
+        if env_id not in gym.registry:
+            # ale-py registers the classic ids too (PongNoFrameskip-v4, Breakout-v4) in gymnasium's default
+            # namespace, but only when imported: without this they read as unknown ("did you mean Ant-v4?")
+            try:
+                import ale_py
+            except ImportError:
+                return
+            gym.register_envs(ale_py)
+        return
     if env_id.startswith("ALE/"):
         try:
             import ale_py

@@ -39,6 +39,8 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "transport auto (measured) -> " in result.stdout and " predicted " in result.stdout
+    assert re.search(r"^total_frames: 3000 frames in [\d.]+ s, mean return -?[\d.]+ over the last \d+ episodes; "
+                     r"checkpoint \S+checkpoint\.pt$", result.stdout, re.M), result.stdout[-500:]
     rows, summary = _rows(run_dir)
     assert summary["frames"] == 3000 and summary["stop_reason"] == "total_frames"
     last = rows[-1]
@@ -58,6 +60,17 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
     assert checkpoint["config"]["trainer"]["total_frames"] == 3000
     assert _wandb_runs(run_dir), "an offline wandb run in the run directory"
     assert (run_dir / ".hydra" / "config.yaml").exists()
+
+
+def test_a_run_that_ends_before_any_episode_says_so_instead_of_a_nan_return(tmp_path):
+    # MountainCar's episodes last 200 steps; 8 envs x 64 steps end none of them
+    result = run_pipeline(["env=gym", "env.id=MountainCar-v0", "trainer.total_frames=512", "trainer.frames_per_batch=256",
+                           "trainer.target_return=null", "logger=jsonl", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("total_frames: 512 frames in ") and ", no episode ended yet; checkpoint " in last, last
+    assert "nan" not in last
 
 
 def test_a_sweep_gives_each_point_its_own_run_directory(tmp_path):

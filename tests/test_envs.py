@@ -21,6 +21,23 @@ def test_unknown_env_id_names_close_matches():
         check_env_id("CartPol-v1")
 
 
+def test_ale_ids_outside_the_ale_namespace_are_known_in_a_fresh_interpreter():
+    # ale-py registers PongNoFrameskip-v4 / Breakout-v4 only when imported; a fresh process has not imported it
+    pytest.importorskip("ale_py")
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import gymnasium as gym; from components.envs import check_env_id, GymEnvFactory; "
+            "assert 'PongNoFrameskip-v4' not in gym.registry; check_env_id('PongNoFrameskip-v4'); "
+            "check_env_id('Breakout-v4'); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    with pytest.raises(EnvConfigError, match="is not a registered gymnasium environment"):
+        check_env_id("PongNoFrameskip-v9")  # still unknown after ale-py registered its ids
+
+
 def test_spec_reads_discrete_and_box_spaces():
     spec = EnvSpec.from_env(GymEnvFactory("CartPole-v1")())
     assert spec.obs_shape == (4,) and spec.obs_dtype == "float32"

@@ -293,8 +293,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         if cluster is not None:  # before the last lines: Ray forwards its daemons' logs until disconnected
             with _best_effort(lost, "disconnect from the Ray cluster"):
                 cluster.close()
-    print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, mean return "
-          f"{tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
+    returns = (f"mean return {tracker.mean_return:.1f} over the last {len(tracker.returns)} episodes"
+               if len(tracker.returns) else "no episode ended yet")  # a short budget on long episodes
+    print(f"{stop_reason}: {collector.frames} frames in {reporter.elapsed:.1f} s, {returns}"
           + (f"; checkpoint {checkpoint}" if checkpoint else ""), flush=True)
     if code == EXIT_FAILED:
         print(f"error: {stop_reason.removeprefix('failed: ')}", file=sys.stderr, flush=True)
