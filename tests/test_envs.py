@@ -182,3 +182,80 @@ def test_direct_atari_preprocessing_steps_through_a_time_limit_the_way_gymnasium
             env.close()
 
     assert truncated_at(True) == truncated_at(False) > 0
+
+
+def _reference_rollout(env_id: str, kwargs: dict, seeds: list[int], actions: np.ndarray) -> dict[str, np.ndarray]:
+    """gym.make's whole wrapper chain stepped by hand, reset at every episode end: what the block must match."""
+    import gymnasium as gym
+
+    envs = [gym.make(env_id, **kwargs) for _ in seeds]
+    for env, s in zip(envs, seeds):
+        env.reset(seed=s)
+    out = {"obs": [], "reward": [], "terminated": [], "truncated": [], "length": []}
+    lengths = [0] * len(envs)
+    for step_actions in actions:
+        row = {k: [] for k in out}
+        for i, env in enumerate(envs):
+            o, r, term, trunc, _ = env.step(step_actions[i])
+            lengths[i] += 1
+            row["obs"].append(o)
+            row["reward"].append(r)
+            row["terminated"].append(term)
+            row["truncated"].append(trunc)
+            row["length"].append(lengths[i])
+            if term or trunc:
+                env.reset()
+                lengths[i] = 0
+        for k in out:
+            out[k].append(np.array(row[k]))
+    for env in envs:
+        env.close()
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("limit", [7, None])
+def test_stepping_under_gym_makes_wrappers_matches_the_whole_chain_time_limits_included(limit):
+    kwargs = {} if limit is None else {"max_episode_steps": limit}
+    seeds, steps = [3, 4, 5], 60
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, (steps, len(seeds)))
+    want = _reference_rollout("CartPole-v1", kwargs, seeds, actions)
+    block = EnvBlock(GymEnvFactory("CartPole-v1", kwargs), env_ids=[0, 1, 2], seeds=seeds)
+    try:
+        obs = np.zeros((3, 4), np.float32)
+        block.reset(obs)
+        for t in range(steps):
+            rows = block.empty_rows()
+            block.step(actions[t], rows, obs)
+            np.testing.assert_array_equal(rows["next.observation"], want["obs"][t], err_msg=f"step {t}")
+            assert rows["next.reward"].tolist() == want["reward"][t].tolist()
+            assert rows["next.terminated"].tolist() == want["terminated"][t].tolist(), t
+            assert rows["next.truncated"].tolist() == want["truncated"][t].tolist(), t
+            assert rows["next.episode_length"].tolist() == want["length"][t].tolist(), t
+        assert block._stepped is block._cores, "after the first step the block steps under the wrappers"
+        assert all(type(core).__name__ == "CartPoleEnv" for core in block._cores)
+    finally:
+        block.close()
+    if limit is not None:
+        assert want["truncated"].sum() >= 3, "the limit cut episodes (what this test is about)"
+
+
+def test_a_wrapper_of_the_users_own_stops_the_peeling():
+    import gymnasium as gym
+
+    class Shaped(gym.Wrapper):
+        def step(self, action):
+            obs, reward, term, trunc, info = self.env.step(action)
+            return obs, reward * 2.0, term, trunc, info
+
+    block = EnvBlock(lambda: Shaped(gym.make("CartPole-v1")), env_ids=[0], seeds=[1])
+    try:
+        obs = np.zeros((1, 4), np.float32)
+        block.reset(obs)
+        for _ in range(3):
+            rows = block.empty_rows()
+            block.step(np.array([1]), rows, obs)
+            assert rows["next.reward"].tolist() == [2.0], "the user's wrapper still runs"
+        assert isinstance(block._cores[0], Shaped)
+    finally:
+        block.close()

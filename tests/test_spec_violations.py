@@ -174,7 +174,8 @@ def test_a_discrete_observation_space_takes_python_ints_and_refuses_floats():
             rows = block.empty_rows()
             block.step(np.array([1, 2]), rows, obs)
         assert block.env_step.tolist() == [50, 50]
-        block._envs[1].step = lambda action: (3.0, 0.0, False, False, {})  # a float for a Discrete space
+        # past its first step the block steps the env under gym.make's wrappers: the env itself breaks its spec
+        block._envs[1].unwrapped.step = lambda action: (3.0, 0.0, False, False, {})  # a float for a Discrete space
         with pytest.raises(ValueError, match=r"^env 1 broke its spec at its step 51: its observation is a float "
                                              r"of shape \(\) float64 \(no same-kind cast to int64\); "
                                              r"the observation space promises shape \(\) int64$"):

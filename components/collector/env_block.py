@@ -12,6 +12,10 @@ per leaf) is written as it is; anything else goes through
 castable values gymnasium accepts and fails the step with a line naming the
 env, the leaf, what it returned and what the spec promises otherwise (numpy
 would broadcast some of those silently and fail on others in its own words).
+
+Past each env's first step the block steps what is under ``gym.make``'s own
+outer wrappers (:func:`peel_make_wrappers`), keeping their time limit itself:
+the same transitions, three Python calls fewer per step.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from components.collector.failures import NonFiniteStep
+from components.collector.make_wrappers import peel_make_wrappers
+from components.collector.non_finite import non_finite_envs, raise_non_finite
 from components.collector.tree_rows import TreeRows
 from components.collector.spec_checks import (
     FAST_FLAGS,
@@ -37,6 +42,8 @@ from components.collector.spec_checks import (
 from components.envs import EnvSpec
 
 add_reduce = np.add.reduce
+#: "no time limit" in the per-env step limits (a step count no episode reaches)
+_NO_LIMIT = np.iinfo(np.int64).max
 
 #: Keys of the env half of a transition (the policy adds its outputs).
 NEXT_KEYS = (
@@ -115,6 +122,15 @@ class EnvBlock:
             self._low = np.asarray(self.spec.action_low, np.float32).reshape(self.spec.action_shape)
             self._high = np.asarray(self.spec.action_high, np.float32).reshape(self.spec.action_shape)
         n = len(self._envs)
+        #: what each env's step is called on: the whole chain for its first step (gymnasium's checker sees
+        #: it), then what is under gym.make's own wrappers (:func:`peel_make_wrappers`)
+        self._stepped = list(self._envs)
+        peeled = [peel_make_wrappers(env) for env in self._envs]
+        self._cores = [core for core, _ in peeled]
+        #: per env, the peeled TimeLimit's limit minus one (a length before the step's); None: no env had one
+        limits = [limit - 1 if limit else _NO_LIMIT for _, limit in peeled]
+        self._limit_before = np.array(limits, np.int64) if any(lim != _NO_LIMIT for lim in limits) else None
+        self._peeled_in = False
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         #: Steps taken by each env since the block started (contiguous per env). A block that
@@ -212,7 +228,7 @@ class EnvBlock:
         fast_rewards, fast_flags = FAST_REWARDS, FAST_FLAGS
         tree = self._tree
         views = None if tree is None else tree.views(fresh)
-        for i, env in enumerate(self._envs):
+        for i, env in enumerate(self._stepped):
             obs, reward, term, trunc, _ = env.step(acts[i])
             if views is None:
                 # The fast path: exactly what the spec says is written as it is (a Python int too, for a
@@ -233,6 +249,14 @@ class EnvBlock:
                 terminated[i] = term
                 truncated[i] = trunc
                 ended.append(i)
+        if self._limit_before is not None:
+            # the peeled TimeLimit's rule: the step that reaches the limit is truncated (terminated or not)
+            for i in np.flatnonzero(self._episode_length >= self._limit_before).tolist():
+                truncated[i] = True
+                if i not in ended:
+                    ended.append(i)
+        if not self._peeled_in:  # every env took its first step through its whole chain: from now on, under it
+            self._stepped, self._peeled_in = self._cores, True
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
         # One reduction per leaf: a sum is finite when every value is (a sum that overflows takes the exact
@@ -240,8 +264,8 @@ class EnvBlock:
         if not isfinite(add_reduce(reward_arr, None)) or (self._float_obs and not (
                 isfinite(add_reduce(fresh, None)) if tree is None else tree.finite(fresh))):
             if not self.skip_non_finite:
-                self._non_finite(reward_arr, fresh)
-            for i in self._non_finite_envs(reward_arr, fresh):
+                raise_non_finite(reward_arr, fresh, self._tree, self._float_obs, self.env_ids, self.env_step)
+            for i in non_finite_envs(reward_arr, fresh, self._tree, self._float_obs):
                 fresh[i] = acted[i] if sparse else obs_out[i]  # the observation acted on
                 reward_arr[i] = 0.0
                 terminated[i], truncated[i] = False, True
@@ -366,30 +390,6 @@ class EnvBlock:
             at = when if when is not None else f"after its step {int(self.env_step[i])}"
             raise violation(int(self.env_ids[i]), at, OffSpec(
                 f"its action mask {self.spec.action_mask!r} allows no action"))
-
-    def _non_finite_envs(self, rewards: np.ndarray, next_obs: np.ndarray) -> list[int]:
-        flat = next_obs.reshape(len(self._envs), -1)
-        bad = ~np.isfinite(rewards)
-        if self._tree is not None:
-            bad |= self._tree.non_finite_rows(next_obs)
-        elif self._float_obs:
-            bad |= ~np.isfinite(flat).all(axis=1)
-        return np.flatnonzero(bad).tolist()
-
-    def _non_finite(self, rewards: np.ndarray, next_obs: np.ndarray) -> None:
-        """Name the first env that returned a NaN or infinite reward or observation."""
-        flat = next_obs.reshape(len(self._envs), -1)
-        for i in range(len(self._envs)):
-            if not np.isfinite(rewards[i]):
-                what = f"reward {rewards[i]}"
-            elif self._tree is not None and self._tree.non_finite_rows(next_obs[i:i + 1])[0]:
-                what = "observation with NaN/inf values"
-            elif self._tree is None and self._float_obs and not np.isfinite(flat[i]).all():
-                what = "observation with NaN/inf values"
-            else:
-                continue
-            raise NonFiniteStep(f"env {int(self.env_ids[i])} returned a non-finite {what} at its step "
-                             f"{int(self.env_step[i]) + 1}")
 
     def close(self) -> None:
         for env in self._envs:
