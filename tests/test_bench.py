@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pipeline.bench.bare import run_bare
-from pipeline.bench.ours import layout_overrides, ours_overrides, plan_for
+from pipeline.bench.ours import layout_overrides, layout_words, ours_overrides, plan_for
 from pipeline.bench.harness import SCALE_ENVS, apply_scale, format_report, format_sweep, run_bench, trial_plan
 from tests.conftest import run_pipeline  # noqa: F401 - shared fixtures live there
 
@@ -128,10 +128,26 @@ def test_bare_procs_kills_a_hung_process_and_returns():
     assert mp.active_children() == []
 
 
+def test_ours_collect_plans_for_collection_alone_and_its_command_spells_the_layout_out():
+    # CartPole/64 at 4,096 frames a batch: a PPO run is trainer-bound on 2 CPUs, so the command's own plan (ours:auto)
+    # counts the trainer; ours:collect leaves it out (the bench trains nothing) and may pick another layout
+    workload = {**WORKLOAD, "overrides": ["env=cartpole"], "num_envs": 64, "frames_per_batch": 4096}
+    assert layout_overrides("ours:collect") == []
+    _, training, _ = plan_for(ours_overrides("ours:auto", workload, 64))
+    _, collecting, _ = plan_for(ours_overrides("ours:collect", workload, 64), count_trainer=False)
+    assert training.costs.trainer_s > 0 and collecting.costs.trainer_s == 0
+    assert collecting.plan.layout.bound != "trainer"
+    words = layout_words(collecting.plan.layout)
+    assert words[:3] == [f"workers={collecting.plan.layout.workers}", f"server={collecting.plan.layout.server}",
+                         "transport=slots"]
+    assert f"env.envs_per_worker={collecting.plan.layout.envs_per_worker}" in words
+    assert mp.active_children() == []
+
+
 def test_scale_sweeps_ours_auto_against_both_loops_from_8_to_1024_envs():
     cfg = apply_scale({"scale": True, "contenders": "default", "sweep_envs": [], "num_envs": 64})
     assert cfg["sweep_envs"] == SCALE_ENVS and SCALE_ENVS[0] == 8 and SCALE_ENVS[-1] == 1024
-    assert cfg["contenders"] == cfg["sweep_contenders"] == ["ours:auto", "gym_sync", "bare_procs"]
+    assert cfg["contenders"] == cfg["sweep_contenders"] == ["ours:auto", "ours:collect", "gym_sync", "bare_procs"]
     plan, _ = trial_plan(cfg, cfg["contenders"])
     assert ("ours:auto", 1024) in plan and ("bare_procs", 8) in plan and ("gym_sync", 512) in plan
     assert apply_scale({"scale": False, "contenders": "default"}) == {"scale": False, "contenders": "default"}

@@ -4,7 +4,7 @@ Every contender collects from the same env factory with the same policy
 (the same network, executed by the same serving engine), steps for a
 warm-up that is not timed, then counts frames for ``seconds``:
 
-* ``ours:auto``, ``ours:<workers>/<transport>/<server>/<chunking>``, ``ours:ray``:
+* ``ours:auto``, ``ours:collect``, ``ours:<workers>/<transport>/<server>/<chunking>``, ``ours:ray``:
   this project's collector, as a ``python -m pipeline`` command with those
   overrides would plan and build it (:mod:`pipeline.bench.ours`); the
   consumer only takes batches (no training).

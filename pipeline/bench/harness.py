@@ -23,6 +23,7 @@ from pipeline.bench.contenders import CPUS, TRIAL_THREADS, trial_main
 
 OURS = [
     "ours:auto",
+    "ours:collect",
     "ours:thread/none/inline/auto",
     "ours:thread/slots/thread/auto",
     "ours:thread/slots/process/auto",
@@ -36,18 +37,19 @@ BASELINES = ["gym_sync", "gym_async", "bare_procs"]
 TORCHRL = ["torchrl_auto", "torchrl_driver"]
 #: ``contenders: default``: what ``transport=auto`` picks, the central-server and inline layouts, the
 #: baselines, and TorchRL where it starts in reasonable time (one process per env).
-DEFAULT = ["ours:auto", "ours:process/slots/process/auto", "ours:process/none/inline/auto", "gym_sync", "gym_async",
-           "bare_procs"]
+DEFAULT = ["ours:auto", "ours:collect", "ours:process/slots/process/auto", "ours:process/none/inline/auto",
+           "gym_sync", "gym_async", "bare_procs"]
 DEFAULT_TORCHRL_MAX_ENVS = 16
 
 
-#: ``scale=true``: ours:auto and the loops it must beat, from 8 to 1,024 envs
+#: ``scale=true``: ours:auto, ours:collect (auto planned for collection alone) and the loops they must beat,
+#: from 8 to 1,024 envs
 SCALE_ENVS = [8, 16, 32, 64, 128, 256, 512, 1024]
-SCALE_CONTENDERS = ["ours:auto", "gym_sync", "bare_procs"]
+SCALE_CONTENDERS = ["ours:auto", "ours:collect", "gym_sync", "bare_procs"]
 
 
 def apply_scale(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``scale=true``: the env-count sweep of ``ours:auto`` against ``gym_sync`` and ``bare_procs``.
+    """``scale=true``: the env-count sweep of ``ours:auto`` and ``ours:collect`` against ``gym_sync`` and ``bare_procs``.
 
     Explicit ``sweep_envs`` or ``contenders`` lists win over the sweep's.
     """

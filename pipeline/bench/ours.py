@@ -4,6 +4,11 @@ A contender name is shorthand for overrides on top of the workload's:
 
 * ``ours:auto``: none (the default ``workers=auto transport=auto``: the
   runner probes and chooses, the trainer's cost included);
+* ``ours:collect``: the same, with the layout chosen for collection alone
+  (the trainer's cost left out, as the benchmark trains nothing): what the
+  collector does with the whole machine, the contender to hold against the
+  hand loops. Its command spells the chosen layout out (a training run of
+  the bare command would plan for its trainer and pick another);
 * ``ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...]``: a fixed
   layout, ``workers=<workers> server=<server> transport=slots
   chunking=<chunking>`` (the transport part is ``slots``, or ``none`` with
@@ -43,7 +48,7 @@ def layout_overrides(name: str) -> list[str]:
         >>> layout_overrides("ours:process/slots/thread/step@epw=4,conc=1")
         ['workers=process', 'server=thread', 'transport=slots', 'chunking=step', 'env.envs_per_worker=4', 'workers.concurrent_envs=true']
     """
-    if name == "ours:auto":
+    if name in ("ours:auto", "ours:collect"):
         return []
     if name == "ours:ray":
         return ["workers=ray", "ray.address=local"]
@@ -72,8 +77,11 @@ def ours_overrides(name: str, workload: dict[str, Any], num_envs: int) -> list[s
     return base_overrides(workload, num_envs) + layout_overrides(name)
 
 
-def plan_for(overrides: list[str]) -> tuple[Any, Any, Any]:
-    """(config, :class:`~pipeline.plan.inputs.PlannedConfig`, machine) of a command, as the runner plans it."""
+def plan_for(overrides: list[str], count_trainer: bool = True) -> tuple[Any, Any, Any]:
+    """(config, :class:`~pipeline.plan.inputs.PlannedConfig`, machine) of a command, as the runner plans it.
+
+    ``count_trainer=False``: planned for collection alone (``ours:collect``).
+    """
     from components.threads import pin_pools
     from pipeline.plan import Machine
     from pipeline.plan.inputs import compose, plan_config
@@ -83,7 +91,26 @@ def plan_for(overrides: list[str]) -> tuple[Any, Any, Any]:
     machine = Machine.detect()
     validate(cfg, cuda_available=machine.cuda, cuda_count=machine.cuda_count)
     pin_pools(int(cfg.torch_threads))  # as run() does before the probes time the policy
-    return cfg, plan_config(cfg, machine), machine
+    return cfg, plan_config(cfg, machine, count_trainer), machine
+
+
+def layout_words(layout: Any) -> list[str]:
+    """The overrides that build ``layout`` whatever the plan would choose (``ours:collect``'s command).
+
+    Examples:
+        >>> from pipeline.plan.layout import Layout
+        >>> layout_words(Layout("process", "inline", 32))
+        ['workers=process', 'server=inline', 'transport=slots', 'env.envs_per_worker=32']
+        >>> layout_words(Layout("process", "process", 8, splits=2))[-1]
+        'workers.splits=2'
+    """
+    out = [f"workers={layout.workers}", f"server={layout.server}", "transport=slots",
+           f"env.envs_per_worker={layout.envs_per_worker}"]
+    if layout.splits > 1:
+        out.append(f"workers.splits={layout.splits}")
+    if layout.concurrent:
+        out.append("workers.concurrent_envs=true")
+    return out
 
 
 def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:
@@ -92,7 +119,8 @@ def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, 
     from pipeline.runner.collection import build_collector
 
     overrides = ours_overrides(name, workload, num_envs)
-    cfg, planned, machine = plan_for(overrides)
+    collect_only = name == "ours:collect"
+    cfg, planned, machine = plan_for(overrides, count_trainer=not collect_only)
     plan, cluster, hosts = planned.plan, None, None
     try:
         if str(cfg.workers.backend) == "ray":
@@ -106,7 +134,8 @@ def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, 
                      "chunk_len": hosts.chunk_len, "in_flight": hosts.in_flight}
         else:
             graph = dict(plan.graph.__dict__)
-        choice: dict[str, Any] = {"command": command(overrides)}
+        shown = overrides + layout_words(plan.layout) if collect_only and plan.layout is not None else overrides
+        choice: dict[str, Any] = {"command": command(shown)}
         if plan.layout is not None:
             choice.update(choice=plan.layout.describe(num_envs), predicted_fps=plan.layout.predicted_fps,
                           costs=planned.costs.as_dict())

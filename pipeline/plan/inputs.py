@@ -97,7 +97,7 @@ def build_env_set(cfg: DictConfig) -> tuple[Any, Any]:
     return env_set, specs[0]
 
 
-def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine) -> Any:
+def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine, count_trainer: bool = True) -> Any:
     """What ``transport=auto`` chooses the layout from (:mod:`pipeline.plan.layout`), probed in a few hundred ms.
 
     None when nothing is left to choose (``server=inline`` or ``transport=slots``)
@@ -111,7 +111,8 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     trainer_device = device(str(cfg.device.trainer_device), machine.cuda).value
     engine = serving_engine(cfg, policy_device, env_spec).value
     try:
-        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device)
+        return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device,
+                                count_trainer)
     except (ValueError, KeyError, TypeError):
         return None  # a model this env cannot have: the learner's build says so in one line, next
     except Exception as err:  # noqa: BLE001 - the rule still gives a working layout
@@ -120,14 +121,17 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
         return None
 
 
-def plan_config(cfg: DictConfig, machine: Machine) -> PlannedConfig:
-    """Build the env, probe the layout when ``auto`` asks for it, and resolve the plan (``cfg`` validated)."""
+def plan_config(cfg: DictConfig, machine: Machine, count_trainer: bool = True) -> PlannedConfig:
+    """Build the env, probe the layout when ``auto`` asks for it, and resolve the plan (``cfg`` validated).
+
+    ``count_trainer=False``: the layout for collection alone (see :func:`~pipeline.plan.probes.probe_for_config`).
+    """
     from pipeline.plan.model_spec import build_model, model_spec_for
 
     env_factory, env_spec = build_env(cfg)
     if str(cfg.trainer.name) in ("ppo", "dqn"):  # a wrong model is one line now, not a failed probe or worker
         build_model(cfg, model_spec_for(cfg), env_spec)
-    costs = layout_costs(cfg, env_factory, env_spec, machine)
+    costs = layout_costs(cfg, env_factory, env_spec, machine, count_trainer)
     return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)
 
 

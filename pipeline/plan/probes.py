@@ -344,12 +344,14 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
 
 
 def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
-                     engine: str, trainer_device: str = "cpu") -> Costs:
+                     engine: str, trainer_device: str = "cpu", count_trainer: bool = True) -> Costs:
     """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
 
     With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
     :func:`time_training`) enters the prediction: a layout that is fastest
     for collection alone can slow the learner that shares its interpreter.
+    ``count_trainer=False`` leaves it out: a layout for collection alone
+    (the benchmark's ``ours:collect``, which trains nothing).
     """
     from dataclasses import replace
 
@@ -360,7 +362,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
                     env_spec, cpus)
     rows, steps_per_frame = trainer_load(cfg.trainer)
-    if trainer_device != "cpu" or steps_per_frame == 0:
+    if not count_trainer or trainer_device != "cpu" or steps_per_frame == 0:
         return costs
     import torch
 
