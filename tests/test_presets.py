@@ -119,3 +119,46 @@ def test_a_run_of_env_gym_with_lunarlander_says_it_ran_as_env_box2d(tmp_path):
     assert "specialize/ppo_box2d.yaml" in proc.stdout and "so env=gym runs as env=box2d" in proc.stdout
     saved = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "name: box2d" in saved and "gamma: 0.999" in saved
+
+
+@pytest.mark.parametrize(("overrides", "target"), [
+    # a preset's target is its own env's: another id of the family takes its registry reward_threshold
+    (["env=gym", "env.id=MountainCarContinuous-v0"], 90.0),  # was Pendulum's -200: a false "solved" at -36.6
+    (["env=gym", "env.id=BipedalWalker-v3"], 300.0),  # was LunarLander's 200
+    (["env=gym", "env.id=FrozenLake-v1"], 0.7),  # was Taxi's 7.0: never reached
+    (["env=gym", "env.id=CliffWalking-v1"], None),  # no threshold: the run goes to total_frames
+    (["env=gym", "env.id=Acrobot-v1"], -100.0),  # no preset: the trainers' default is CartPole-v1's 475
+    (["env=gym", "env.id=Acrobot-v1", "trainer=dqn"], -100.0),
+    # the env a target was measured on keeps it, and so does a target the user set
+    (["env=classic"], -200.0), (["env=box2d"], 200.0), (["env=toy_text"], 7.0), ([], 475.0),
+    (["env=gym", "env.id=MountainCarContinuous-v0", "trainer.target_return=5"], 5.0),
+    (["env=gym", "env.id=BipedalWalker-v3", "trainer.target_return=null"], None),
+    (["env=mujoco"], None),  # a preset without a target stays without one
+])
+def test_a_presets_target_return_is_its_own_envs_and_another_id_takes_its_registry_threshold(overrides, target):
+    assert compose(*overrides).trainer.target_return == target
+
+
+def test_the_plan_says_where_the_target_came_from(tmp_path):
+    from tests.conftest import run_pipeline
+
+    run_dir = tmp_path / "run"
+    proc = run_pipeline(["env=gym", "env.id=MountainCarContinuous-v0", "trainer.total_frames=8192", "logger=jsonl",
+                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("target_return 90, MountainCarContinuous-v0's reward_threshold in gymnasium's registry "
+            "(the -200 is Pendulum-v1's)") in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("total_frames: 8192 frames"), "not a false 'solved'"
+    none = render.preset(preset_line_for(["env=gym", "env.id=CliffWalking-v1"]))
+    assert none.endswith("target_return null: CliffWalking-v1 has no reward_threshold in gymnasium's registry, "
+                         "the run goes to total_frames (the 7 is Taxi-v4's)"), none
+
+
+def preset_line_for(overrides: list[str]):
+    """The runner's preset line for ``overrides`` (composed with Hydra's choices, as the runner has them)."""
+    from pipeline.plan.inputs import compose as compose_with
+    from pipeline.plan.presets import preset_line
+
+    cfg = compose_with([*overrides, "trainer.target_return=7.0"], with_hydra=True)  # the preset's, as if not adapted
+    choices = dict(cfg.hydra.runtime.choices)
+    return preset_line(cfg, overrides, choices)

@@ -157,6 +157,9 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         rechosen = family_config(cfg, list(overrides), dict(cfg.hydra.runtime.choices))
         if rechosen is not None:
             cfg = hydra_compose("config", overrides=rechosen[1], return_hydra_config=True)
+        from pipeline.plan.presets import adapt_target
+
+        adapt_target(cfg, list(overrides), dict(cfg.hydra.runtime.choices))  # as the runner's preset line does
         if not with_hydra:
             with open_dict(cfg):
                 del cfg["hydra"]

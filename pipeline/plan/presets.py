@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pipeline import CONF_DIR
 from pipeline.plan.choice import Choice
@@ -83,3 +84,55 @@ def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF
     if family and choices.get("env") != family and (conf_dir / "specialize" / f"{trainer}_{family}.yaml").exists():
         return Choice(None, "available", {"env_id": env_id, "family": family, "file": f"{trainer}_{family}"})
     return None
+
+
+#: the env id each preset's ``target_return`` was measured on (``None``: no preset, the trainers' defaults,
+#: which are CartPole-v1's); for another id the run takes that id's own ``reward_threshold`` instead
+TARGET_MEASURED_ON = {None: "CartPole-v1", "ppo_cartpole": "CartPole-v1", "dqn_cartpole": "CartPole-v1",
+                      "ppo_classic": "Pendulum-v1", "ppo_box2d": "LunarLander-v3", "dqn_box2d": "LunarLander-v3",
+                      "ppo_toy_text": "Taxi-v4"}
+
+
+def _user_set(overrides: list[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+
+
+def adapt_target(cfg: Any, overrides: list[str], choices: Mapping[str, str]) -> dict[str, Any] | None:
+    """Give ``cfg`` the env's own target when its ``target_return`` was measured on another env; what changed.
+
+    A preset's target belongs to the env it was tuned on: ``env=gym
+    env.id=MountainCarContinuous-v0`` under the continuous classic preset
+    (Pendulum's -200) stopped "solved" at a mean return of -36.6 after 24k
+    frames. Another id gets its ``reward_threshold`` from gymnasium's
+    registry, or no target (the run goes to ``total_frames``). A target the
+    user set, or a preset without one, is left as it is.
+    """
+    target = cfg.trainer.get("target_return")
+    env_id = str(cfg.env.get("id", ""))
+    specialize = choices.get("specialize")
+    measured_on = TARGET_MEASURED_ON.get(specialize if specialize in TARGET_MEASURED_ON else None)
+    if target is None or not env_id or env_id == measured_on or _user_set(overrides, "trainer.target_return"):
+        return None
+    if specialize not in TARGET_MEASURED_ON and (CONF_DIR / "specialize" / f"{specialize}.yaml").exists():
+        return None  # a preset not listed: its target is not known to be another env's
+    try:
+        import gymnasium as gym
+
+        threshold = gym.spec(env_id).reward_threshold
+    except Exception:  # noqa: BLE001 - an unknown id is the validator's business
+        return None
+    cfg.trainer.target_return = None if threshold is None else float(threshold)
+    return {"target": cfg.trainer.target_return, "target_was": float(target), "measured_on": measured_on,
+            "env_id": env_id}
+
+
+def preset_line(cfg: Any, overrides: list[str], choices: Mapping[str, str],
+                rechosen: str | None = None) -> Choice[str | None] | None:
+    """:func:`adapt_target` applied to ``cfg``, and the plan's ``preset`` line saying so (see :func:`preset_choice`)."""
+    target = adapt_target(cfg, overrides, choices)
+    choice = preset_choice(choices, str(cfg.env.id), rechosen=rechosen)
+    if target is None:
+        return choice
+    if choice is None:
+        return Choice(None, "defaults", target)
+    return Choice(choice.value, choice.code, {**choice.facts, **target})

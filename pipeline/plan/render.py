@@ -210,6 +210,18 @@ def cpus(choice: Choice[int]) -> str:
 
 def preset(choice: Choice[str]) -> str:
     f = choice.facts
+    line = _preset(choice)
+    if "target" not in f:
+        return line
+    own = (f"{f['target']:g}, {f['env_id']}'s reward_threshold in gymnasium's registry" if f["target"] is not None
+           else f"null: {f['env_id']} has no reward_threshold in gymnasium's registry, the run goes to total_frames")
+    return (f"{line}; " if line else "") + f"target_return {own} (the {f['target_was']:g} is {f['measured_on']}'s)"
+
+
+def _preset(choice: Choice[str]) -> str:
+    f = choice.facts
+    if choice.code == "defaults":
+        return ""
     rechosen = (f"{f['env_id']} is a {f['family']} env, so env=gym runs as env={f['family']}"
                 if f.get("family") else "")
     if choice.code == "applied":

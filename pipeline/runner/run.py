@@ -43,7 +43,7 @@ from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on
 from pipeline.plan import Choice, Machine, Plan
 from pipeline.plan.inputs import family_config, plan_config
 from pipeline.plan.ray import connect_ray
-from pipeline.plan.presets import preset_choice
+from pipeline.plan.presets import preset_line
 from pipeline.runner.resume import rewind_metrics
 from pipeline.runner.run_lock import LOCK, claim_run_dir
 from pipeline.runner.rundir import DiskReserve, apply_mode, write_hydra_files
@@ -381,7 +381,7 @@ def main_from_hydra(cfg: DictConfig) -> float | None:
     try:
         code = run(cfg, run_dir, (cfg, OmegaConf.create({"hydra": hydra_cfg}), overrides),
                    sweep_group=Path(hydra_cfg.sweep.dir).name if multirun else None, concurrent_jobs=concurrent,
-                   preset=preset_choice(choices, str(cfg.env.id), rechosen=rechosen))
+                   preset=preset_line(cfg, overrides, choices, rechosen=rechosen))
     except ConfigError as err:
         error = f"config error: {err}"
         print(error, file=sys.stderr, flush=True)
