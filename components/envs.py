@@ -258,29 +258,24 @@ def _install_mujoco_warning_hook(env_id: str) -> None:
 
 
 def _ensure_registered(env_id: str) -> None:
+    """Register ale-py's ids when ``env_id`` may be one: every ``ALE/`` id, and any id not registered yet.
+
+    ale-py registers its classic ids too (PongNoFrameskip-v4, Breakout-v4) in gymnasium's default
+    namespace, but only when imported: without this they read as unknown ("did you mean Ant-v4?").
+    """
+    import gymnasium as gym
+
     _install_mujoco_warning_hook(env_id)
-    if not env_id.startswith("ALE/"):
-        import gymnasium as gym
-
-        if env_id not in gym.registry:
-            # ale-py registers the classic ids too (PongNoFrameskip-v4, Breakout-v4) in gymnasium's default
-            # namespace, but only when imported: without this they read as unknown ("did you mean Ant-v4?")
-            try:
-                import ale_py
-            except ImportError:
-                return
-            gym.register_envs(ale_py)
+    ale = env_id.startswith("ALE/")
+    if not ale and env_id in gym.registry:
         return
-    if env_id.startswith("ALE/"):
-        try:
-            import ale_py
-        except ImportError as err:
-            raise EnvConfigError(
-                f"env id {env_id!r} needs ale-py: pip install 'rlpipeline[atari]'"
-            ) from err
-        import gymnasium as gym
-
-        gym.register_envs(ale_py)
+    try:
+        import ale_py
+    except ImportError as err:
+        if ale:
+            raise EnvConfigError(f"env id {env_id!r} needs ale-py: pip install 'rlpipeline[atari]'") from err
+        return  # not an ALE id after all: check_env_id names it
+    gym.register_envs(ale_py)
 
 
 def check_env_id(env_id: str) -> None:

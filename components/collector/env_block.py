@@ -128,9 +128,8 @@ class EnvBlock:
         peeled = [peel_make_wrappers(env) for env in self._envs]
         self._cores = [core for core, _ in peeled]
         #: per env, the peeled TimeLimit's limit minus one (a length before the step's); None: no env had one
-        limits = [limit - 1 if limit else _NO_LIMIT for _, limit in peeled]
-        self._limit_before = np.array(limits, np.int64) if any(lim != _NO_LIMIT for lim in limits) else None
-        self._peeled_in = False
+        self._limit_before = (np.array([limit - 1 if limit else _NO_LIMIT for _, limit in peeled], np.int64)
+                              if any(limit for _, limit in peeled) else None)
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         #: Steps taken by each env since the block started (contiguous per env). A block that
@@ -255,8 +254,7 @@ class EnvBlock:
                 truncated[i] = True
                 if i not in ended:
                     ended.append(i)
-        if not self._peeled_in:  # every env took its first step through its whole chain: from now on, under it
-            self._stepped, self._peeled_in = self._cores, True
+        self._stepped = self._cores  # every env took its first step through its whole chain: from now on, under it
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
         # One reduction per leaf: a sum is finite when every value is (a sum that overflows takes the exact

@@ -88,9 +88,8 @@ def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF
 
 #: the env id each preset's ``target_return`` was measured on (``None``: no preset, the trainers' defaults,
 #: which are CartPole-v1's); for another id the run takes that id's own ``reward_threshold`` instead
-TARGET_MEASURED_ON = {None: "CartPole-v1", "ppo_cartpole": "CartPole-v1", "dqn_cartpole": "CartPole-v1",
-                      "ppo_classic": "Pendulum-v1", "ppo_box2d": "LunarLander-v3", "dqn_box2d": "LunarLander-v3",
-                      "ppo_toy_text": "Taxi-v4"}
+TARGET_MEASURED_ON = {None: "CartPole-v1", "ppo_classic": "Pendulum-v1", "ppo_box2d": "LunarLander-v3",
+                      "dqn_box2d": "LunarLander-v3", "ppo_toy_text": "Taxi-v4"}
 
 
 def _user_set(overrides: list[str], key: str) -> bool:
@@ -110,11 +109,14 @@ def adapt_target(cfg: Any, overrides: list[str], choices: Mapping[str, str]) -> 
     target = cfg.trainer.get("target_return")
     env_id = str(cfg.env.get("id", ""))
     specialize = choices.get("specialize")
-    measured_on = TARGET_MEASURED_ON.get(specialize if specialize in TARGET_MEASURED_ON else None)
+    if specialize in TARGET_MEASURED_ON:
+        measured_on = TARGET_MEASURED_ON[specialize]
+    elif specialize and (CONF_DIR / "specialize" / f"{specialize}.yaml").exists():
+        return None  # a preset not listed (one without a target): nothing known to be another env's
+    else:
+        measured_on = TARGET_MEASURED_ON[None]  # no preset file: the trainers' defaults
     if target is None or not env_id or env_id == measured_on or _user_set(overrides, "trainer.target_return"):
         return None
-    if specialize not in TARGET_MEASURED_ON and (CONF_DIR / "specialize" / f"{specialize}.yaml").exists():
-        return None  # a preset not listed: its target is not known to be another env's
     try:
         import gymnasium as gym
 
