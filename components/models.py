@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from components.envs import EnvSpec
-from components.heads import BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, epsilon_greedy, \
-    head_for
+from components.action_noise import NOISE_KEY
+from components.heads import EPSILON_NOISE_WIDTH, BernoulliHead, CategoricalHead, GaussianHead, MultiCategoricalHead, \
+    epsilon_greedy, head_for
 from components.interaction import InteractionMode
 from components.normalization import RunningNorm
 from components.encoders import ACTIVATIONS as _ACTIVATIONS
@@ -117,9 +118,15 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self._features(obs)).squeeze(-1)
 
+    @property
+    def action_noise_width(self) -> int:
+        """Uniforms per row the head samples with (the env-side noise, see :mod:`components.action_noise`)."""
+        return int(self.head.noise_width)
+
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         params, value = self(inputs["observation"])
-        action, log_prob = self.head.act(params, _greedy_rows(modes))  # in the action space's shape
+        # the action comes in the action space's shape
+        action, log_prob = self.head.act(params, _greedy_rows(modes), noise=inputs.get(NOISE_KEY))
         return {"action": action, "sample_log_prob": log_prob, "state_value": value}
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,6 +155,8 @@ class QNetwork(nn.Module):
 
     in_keys = ("observation",)
     out_keys = ("action",)
+    #: uniforms per row of epsilon-greedy exploration (the env-side noise, see :mod:`components.action_noise`)
+    action_noise_width = EPSILON_NOISE_WIDTH
 
     def __init__(
         self,
@@ -191,7 +200,8 @@ class QNetwork(nn.Module):
 
     def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         obs = inputs["observation"]
-        action = epsilon_greedy(self(obs), self.epsilon, modes, self.inputs.mask(obs), int(InteractionMode.RANDOM))
+        action = epsilon_greedy(self(obs), self.epsilon, modes, self.inputs.mask(obs), int(InteractionMode.RANDOM),
+                                inputs.get(NOISE_KEY))
         return {"action": action}
 
 

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from components.envs import EnvSpec
-from components.heads import GaussianHead, epsilon_greedy, head_for
+from components.action_noise import NOISE_KEY
+from components.heads import EPSILON_NOISE_WIDTH, GaussianHead, epsilon_greedy, head_for
 from components.interaction import InteractionMode
 from components.obs_input import mask_rows, masked
 from components.obs_tree import observation_tree
@@ -99,6 +100,11 @@ class TensorDictPolicy(nn.Module):
         value = observation_tree(self.spec.obs_leaves, obs) if self.spec.is_tree else obs
         return TensorDict({"observation": value}, batch_size=obs.shape[:1], device=obs.device)
 
+    @property
+    def action_noise_width(self) -> int:
+        """Uniforms per row its actions are sampled with (see :mod:`components.action_noise`)."""
+        return int(self.head.noise_width) if self.has_actor else EPSILON_NOISE_WIDTH
+
     def _run(self, obs: torch.Tensor) -> Any:
         return self.module(self._tensordict(obs))
 
@@ -136,13 +142,14 @@ class TensorDictPolicy(nn.Module):
         if not self.has_actor:
             mask = self._mask(obs)
             q = masked(out.get("action_value").reshape(obs.shape[0], -1), mask)
-            return {"action": epsilon_greedy(q, self.epsilon, modes, mask, int(InteractionMode.RANDOM))}
+            return {"action": epsilon_greedy(q, self.epsilon, modes, mask, int(InteractionMode.RANDOM),
+                                             inputs.get(NOISE_KEY))}
         params, log_std = self._actor(out, obs)
         greedy = None if modes is None else modes != int(InteractionMode.RANDOM)
         if isinstance(self.head, GaussianHead):
-            action, log_prob = self.head.act(params, greedy, log_std)
+            action, log_prob = self.head.act(params, greedy, log_std, noise=inputs.get(NOISE_KEY))
         else:
-            action, log_prob = self.head.act(params, greedy)
+            action, log_prob = self.head.act(params, greedy, noise=inputs.get(NOISE_KEY))
         result = {"action": action, "sample_log_prob": log_prob}
         if self.has_value:
             result["state_value"] = self._value(out)

@@ -27,6 +27,7 @@ from components.collector.assembly import BatchAssembler, nest
 from components.collector.chunks import ChunkPool
 from components.collector.failures import CollectorError
 from components.collector.graph import GraphSpec
+from components.collector.lockstep import Lockstep, lockstep_problem
 from components.collector.monitor import GraphMonitor
 from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssignment
 from components.collector.repair import GraphRepair
@@ -72,23 +73,21 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     batch; ``post_collect_hook(batch)`` sees every batch before replay or
     the caller; ``driver_affinity`` pins the driver-side threads (the
     server thread, thread workers, the replay writer) to those CPUs;
-    ``stall_timeout`` (seconds, None: off) turns a wait for transitions that
-    never come into a :class:`CollectorError` naming what each worker waits on;
-    ``step_timeout`` (seconds, None: off) does the same for a worker that makes
-    no progress that long, in one env step that never returns or frozen
-    anywhere else (a hung process worker is killed, then restarted within
-    ``max_restarts``); ``server_step_timeout`` likewise for a server that
+    ``stall_timeout`` (seconds, None: off) turns a wait for transitions that never come into a
+    :class:`CollectorError` naming what each worker waits on; ``step_timeout`` (seconds, None: off) does
+    the same for a worker that makes no progress that long, in one env step that never returns or frozen
+    anywhere else (a hung process worker is killed, then restarted within ``max_restarts``); ``server_step_timeout`` likewise for a server that
     makes no progress while requests wait (a server process is killed, then
-    restarted within ``server_restarts``).
+    restarted within ``server_restarts``); ``lockstep`` collects each batch only
+    when asked for, every env its share, served by the weights published
+    before (:mod:`components.collector.lockstep`: reproducible runs).
 
     Example::
 
-        collector = AsyncBatchedCollector(
-            GymEnvFactory("CartPole-v1"), ModelSpec("components.models.ActorCritic"),
-            GraphSpec(workers="process", server="process", num_envs=64,
-                      envs_per_worker=32, chunk_len=64),
+        collector = AsyncBatchedCollector(GymEnvFactory("CartPole-v1"), ModelSpec("components.models.ActorCritic"),
+            GraphSpec(workers="process", server="process", num_envs=64, envs_per_worker=32, chunk_len=64),
             frames_per_batch=4096, total_frames=1_000_000)
-        for batch in collector:          # dense TensorDicts of 4096 transitions
+        for batch in collector:  # dense TensorDicts of 4096 transitions
             trainer.update(batch, frames=collector.frames)
             collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
         collector.shutdown()
@@ -123,6 +122,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         reset_at_each_iter: bool = False,
         post_collect_hook: Callable[[Any], None] | None = None,
         driver_affinity: Sequence[int] | None = None,
+        lockstep: bool = False,
     ) -> None:
         super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, initial_frames=initial_frames,
                          replay_buffer=replay_buffer, postproc=postproc, on_batch=on_batch,
@@ -136,6 +136,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         problem = graph.chunk_budget_problem(frames_per_batch)
         if problem is not None:
             raise ValueError(f"chunks_per_worker={graph.chunks_per_worker}: {problem}")
+        if lockstep and (problem := lockstep_problem(graph, frames_per_batch, total_frames, max_restarts)):
+            raise ValueError(f"lockstep collection: {problem}")
         self.graph = graph
         self.env_factory = env_factory
         self.model_spec = model_spec
@@ -152,14 +154,14 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self._mp = mp.get_context("spawn")
         self._server_lock = threading.RLock()  # a server restart vs. a weights push from another thread
         self._names_released = False  # the semaphore names were dropped (see _release_names)
-        self._build(stall_timeout, step_timeout, server_step_timeout)
+        self._build(stall_timeout, step_timeout, server_step_timeout, lockstep)
         self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window), int(server_restarts))
         self._monitor.restart = self._restarts if max_restarts > 0 else None
         self._monitor.restart_server = self._restarts.restart_server if server_restarts > 0 else None
 
     # ------------------------------------------------------------------ build
     def _build(self, stall_timeout: float | None, step_timeout: float | None,
-               server_step_timeout: float | None) -> None:
+               server_step_timeout: float | None, lockstep: bool) -> None:
         g = self.graph
         served = self.model_spec.build(self.env_spec).eval()
         self.layout = derive_layout(served, self.env_spec.observation_field(), self.env_spec.zero_observation())
@@ -174,6 +176,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         )
         self._assembler = BatchAssembler(self._pool, self._next_chunk)
         self._control = WorkerControl(len(rows))
+        self._lockstep = Lockstep(self._control.granted, g.num_envs, self._initial_version) if lockstep else None
         # One request slot per block; a worker owns ``splits`` of them.
         self._splits = [g.split_sizes(r) for r in rows]
         slot_rows = max(max(sizes) for sizes in self._splits)
@@ -311,7 +314,10 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         from tensordict import TensorDict
 
         n = frames or self.frames_per_batch
+        version = self._lockstep.grant(n) if self._lockstep is not None else None
         flat = self._assembler.next_batch(n)
+        if version is not None:
+            flat = self._lockstep.order(flat, version)
         self._frames += n
         # Checked on every batch, not only when chunks stop: other workers may keep
         # the chunks coming while one of them is dead.
@@ -324,18 +330,20 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     # ---------------------------------------------------------------- control
     def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor],
                                version: int | None = None) -> int:
-        """Publish trainer weights labelled ``version`` (default: the last + 1); returns it.
+        """Publish weights labelled ``version`` (default: the last + 1), applied between two batches; returns it.
 
-        The server applies them between two batches; weights published
-        before :meth:`start` are served from the first request.
+        Weights published before :meth:`start` are served from the first request.
         """
         with self._server_lock:
             if self._started and not self._closed and not self.server.is_alive:
                 self._monitor.check_health()  # restart it (or raise) before publishing to a dead one
             try:
-                return self.server.update_weights(weights, version)
+                published = self.server.update_weights(weights, version)
             except WeightsLockError as err:
                 raise CollectorError(f"inference server ({self.server.backend}) died: {err}") from None
+            if self._lockstep is not None:  # the version the next batch must be served by
+                self._lockstep.published = published
+            return published
 
     @property
     def num_workers(self) -> int:
@@ -347,10 +355,10 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         return self.server.policy_version
 
     def server_stats(self, reset: bool = True) -> dict[str, float]:
-        """Server statistics since the last ``reset`` read (see :class:`~components.inference.stats.ServerStats`).
+        """Server statistics since the last ``reset`` read (:class:`~components.inference.stats.ServerStats`).
 
-        The ``*_total`` counters go on across a server restart (what the dead
-        server served since the last read is lost with it).
+        The ``*_total`` counters go on across a server restart (what the dead server served since the last
+        read is lost with it).
         """
         with self._server_lock:
             out = self.server.stats(reset=reset)
@@ -371,9 +379,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     def pause(self, timeout: float = 30.0) -> Iterator[None]:
         """Quiesce env workers, the server and the replay writer for the block.
 
-        Workers park at a step boundary, after their last request was
-        answered; transitions already in chunks stay there, in order; the
-        writer finishes the extend it is in and waits. Everything resumes
+        Workers park at a step boundary, after their last request was answered; transitions already in
+        chunks stay there, in order; the writer finishes the extend it is in and waits. Everything resumes
         where it stopped: no transition is lost or written twice.
         """
         if not self._started or self._closed:

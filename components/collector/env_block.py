@@ -86,7 +86,7 @@ class EnvBlock:
         self.env_ids = np.asarray(env_ids, dtype=np.int64)
         # an env set (components.env_set) builds and seeds each env id by its own entry
         for_env, seed_of = getattr(factory, "for_env", None), getattr(factory, "seed_of", None)
-        self._seeds = [int(s) if seed_of is None else seed_of(i, s) for i, s in zip(env_ids, seeds)]
+        self.seeds = [int(s) if seed_of is None else seed_of(i, s) for i, s in zip(env_ids, seeds)]
         self._envs: list[Any] = []
         try:
             for i in env_ids:
@@ -159,8 +159,8 @@ class EnvBlock:
         """Reset every env with its own seed and write the first observations."""
         views = None if self._tree is None else self._tree.views(obs_out)
         for i, env in enumerate(self._envs):
-            obs, _ = env.reset(seed=self._seeds[i])
-            env.action_space.seed(self._seeds[i])
+            obs, _ = env.reset(seed=self.seeds[i])
+            env.action_space.seed(self.seeds[i])
             if views is None:
                 obs_out[i] = self._observation(i, obs, "on its first reset")
             else:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from components.action_noise import NOISE_KEY, rows_noise
 from components.collector.chunks import ChunkWriter
 from components.collector.failures import NonFiniteStep
 from components.collector.env_block import NEXT_KEYS, EnvBlock
@@ -194,7 +195,9 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
 
     clock = time.perf_counter
     request = channel.request["observation"]
+    noise_request = channel.request.get(NOISE_KEY)  # each env's sampling noise (components.action_noise)
     n = len(blocks)
+    seeds = np.array([block.seeds[0] for block in blocks], np.int64)
     envs = ConcurrentEnvs(blocks, np.zeros((n, *request.shape[1:]), request.dtype))
     acted = np.zeros_like(envs.obs)  # the observation each env's step in flight was acting on
     env_step = np.zeros(n, np.int64)  # that step's index in the env's life
@@ -206,6 +209,9 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
         def act(ks: np.ndarray) -> None:
             m = len(ks)
             request[:m] = envs.obs[ks]
+            if noise_request is not None:
+                steps = np.array([blocks[k].env_step[0] for k in ks.tolist()], np.int64)
+                noise_request[:m] = rows_noise(seeds[ks], steps, noise_request.shape[1])
             started = clock()
             channel.submit(m, mode)
             # A slow server is waited for, not a step that hangs (the step watchdog skips this activity).

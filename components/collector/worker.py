@@ -31,14 +31,19 @@ from collections.abc import Callable
 
 import numpy as np
 
+from components.action_noise import NOISE_KEY, BlockNoise
 from components.collector.chunks import ChunkWriter
 from components.collector.failures import FailureKind, NonFiniteStep
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.procname import set_name
 from components.threads import report_pools
-from components.collector.worker_control import (BUILDING, EXITED, RUNNING, STEPPING, WAITING_ACTIONS, ActionChannel,
-                                                 Stopped, WorkerControl, acquire_chunk, await_response, park)
+from components.collector.worker_control import (BUILDING, EXITED, RUNNING, STEPPING, WAITING_ACTIONS, WAITING_TURN,
+                                                 ActionChannel, Stopped, WorkerControl, acquire_chunk, await_response,
+                                                 park)
 from components.shm import FieldSpec
+
+#: how often a lockstep worker that has taken every step asked for looks for the next batch's
+_TURN_POLL_S = 0.0002
 
 def run_worker(
     worker: int,
@@ -127,14 +132,40 @@ def _loop(
     spans, obs, first = [], [], 0
     #: per block: whether ``obs[i]`` already is row ``t`` of the current chunk (else it is copied there)
     placed = [False] * len(blocks)
-    for block, channel in zip(blocks, channels):
+    #: per block, its envs' sampling noise (components.action_noise), sent with each request (None: the policy
+    #: brings its own randomness)
+    noises = [BlockNoise(block.seeds, channel.request[NOISE_KEY].shape[1]) if NOISE_KEY in channel.request else None
+              for block, channel in zip(blocks, channels)]
+    # Lockstep (the driver set ``granted`` before the start): a block's request for turn k goes out only once
+    # the driver has asked for k + 1 turns, so every step of a batch is served by the weights of that batch.
+    granted = control.granted
+    lockstep = int(granted[0]) >= 0
+    taken = 0  # turns of this loop completed (each steps every block once)
+    deferred = [False] * len(blocks)  # blocks whose next request waits for the driver's next turn
+
+    def send(i: int) -> None:
+        """Block ``i``'s request for its next step: its noise, its observation (unless acted on in place)."""
+        n, channel = len(blocks[i]), channels[i]
+        if noises[i] is not None:
+            channel.request[NOISE_KEY][:n] = noises[i].current(blocks[i].env_step)
+        if direct[i] and streamed:
+            channel.submit(n, mode, obs[i])
+        else:
+            if streamed:
+                channel.request["observation"][:n] = obs[i]
+            channel.submit(n, mode)
+        timing[5] += n
+
+    for i, block in enumerate(blocks):
         n = len(block)
         spans.append(slice(first, first + n))
         first += n
-        obs.append(channel.request["observation"][:n])
+        obs.append(channels[i].request["observation"][:n])
         block.reset(obs[-1])
-        channel.submit(n, mode)
-        timing[5] += n
+        if lockstep and granted[0] <= 0:
+            deferred[i] = True
+        else:
+            send(i)
     held: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
     chunk: dict[str, np.ndarray] | None = None
     cols: list[dict[str, np.ndarray]] = []
@@ -148,10 +179,19 @@ def _loop(
             # Quiesce: collect every answer in flight, then park.
             activity[worker] = WAITING_ACTIONS
             for i, channel in enumerate(channels):
-                if held[i] is None:
+                if held[i] is None and not deferred[i]:
                     held[i] = await_response(channel, stop, beat)
             park(worker, control)
             continue
+        if lockstep and any(deferred):
+            if taken >= granted[0]:
+                activity[worker] = WAITING_TURN
+                time.sleep(_TURN_POLL_S)
+                continue
+            for i in range(len(blocks)):
+                if deferred[i]:
+                    deferred[i] = False
+                    send(i)
         if chunk is None:
             chunk = acquire_chunk(worker, chunks, control)
             if chunk is None:
@@ -196,19 +236,16 @@ def _loop(
             if skipped:
                 timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
             activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
-            if not streamed:
-                channel.submit(n, mode)
-            elif direct[i]:
-                channel.submit(n, mode, obs[i])
+            if lockstep and taken + 1 >= granted[0]:
+                deferred[i] = True  # the last step asked for: the next request waits for the next batch's weights
             else:
-                channel.request["observation"][:n] = obs[i]
-                channel.submit(n, mode)
+                send(i)
             timing[0] += clock() - waited
             timing[4] += n
-            timing[5] += n
         heartbeat[worker] = monotonic()
         timing[3] += 1
         t += 1
+        taken += 1
         if t == chunks.chunk_len:
             chunks.commit()
             chunk = None

@@ -28,8 +28,9 @@ STARTING, RUNNING, FAILED, EXITED = 0, 1, 2, 3
 TIMING = ("env_s", "infer_wait_s", "chunk_wait_s", "steps", "frames", "rows_requested", "non_finite_skipped")
 #: What a worker is doing now, by code (the ``activity`` column).
 ACTIVITIES = ("building its envs", "stepping envs", "waiting for actions from the inference server",
-              "waiting for a free chunk (the consumer holds them all)", "paused")
-BUILDING, STEPPING, WAITING_ACTIONS, WAITING_CHUNK, PAUSED = range(len(ACTIVITIES))
+              "waiting for a free chunk (the consumer holds them all)", "paused",
+              "waiting for the trainer to ask for the next batch (lockstep)")
+BUILDING, STEPPING, WAITING_ACTIONS, WAITING_CHUNK, PAUSED, WAITING_TURN = range(len(ACTIVITIES))
 
 
 class ActionChannel(Protocol):
@@ -62,8 +63,11 @@ class WorkerControl:
             FieldSpec("progress", (num_workers,), "float64"),
             FieldSpec("beats", (num_workers,), "int64"),
             FieldSpec("reset_epoch", (1,), "int64"),
+            # lockstep collection: env steps (turns of a worker's loop) the driver has asked for so far; -1: no limit
+            FieldSpec("granted", (1,), "int64"),
         ])
         self._bind()
+        self.granted[0] = -1
 
     def _bind(self) -> None:
         a = self._arena
@@ -72,6 +76,7 @@ class WorkerControl:
         self.activity, self.heartbeat = a.array("activity"), a.array("heartbeat")
         self.progress, self.beats = a.array("progress"), a.array("beats")
         self.reset_epoch = a.array("reset_epoch")
+        self.granted = a.array("granted")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_arena": self._arena}

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from components.action_noise import NOISE_KEY, noise_width
 from components.inference.stats import STAT_KEYS
 from components.shm import FieldSpec, SharedArena
 
@@ -173,7 +174,9 @@ class InlinePolicy:
             refresh()
         self.stats.record_weights(self.worker, self._version)
 
-    def act(self, observation: np.ndarray, rows: int, mode: int) -> dict[str, np.ndarray]:
+    def act(self, observation: np.ndarray, rows: int, mode: int,
+            noise: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Actions for ``observation[:rows]``; ``noise``: the rows' sampling noise (components.action_noise)."""
         if self._engine is None:
             self._build()
         else:
@@ -181,13 +184,19 @@ class InlinePolicy:
         started = time.perf_counter()
         step = self.max_batch_size
         if rows <= step and self._arrays is not None:  # the common case: one pass of the numpy engine
-            response = self._engine.act({"observation": observation[:rows]}, self._modes(rows, mode))
+            inputs = {"observation": observation[:rows]}
+            if noise is not None:
+                inputs[NOISE_KEY] = noise[:rows]
+            response = self._engine.act(inputs, self._modes(rows, mode))
             passes = 1
         else:
             parts = []
             for first in range(0, rows, step):
                 n = min(step, rows - first)
-                out = self._engine.act({"observation": observation[first:first + n]}, self._modes(n, mode))
+                inputs = {"observation": observation[first:first + n]}
+                if noise is not None:
+                    inputs[NOISE_KEY] = noise[first:first + n]
+                out = self._engine.act(inputs, self._modes(n, mode))
                 parts.append({k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()})
             response = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             passes = len(parts)
@@ -209,18 +218,22 @@ class InlinePolicy:
 class InlineChannel:
     """An action channel (``request``/``submit``/``wait``) answered in ``submit`` by the worker's own policy."""
 
-    def __init__(self, policy: InlinePolicy, rows: int, observation: FieldSpec) -> None:
-        self.policy, self.rows, self.observation = policy, rows, observation
+    def __init__(self, policy: InlinePolicy, rows: int, observation: FieldSpec, noise_width: int = 0) -> None:
+        self.policy, self.rows, self.observation, self.noise_width = policy, rows, observation, int(noise_width)
         self.slot = None
         self._bind()
 
     def _bind(self) -> None:
         f = self.observation
         self.request = {f.name: np.zeros((self.rows, *f.shape), f.dtype)}
+        self._noise = None
+        if self.noise_width:  # written by the worker before each submit, as into a slot
+            self._noise = self.request[NOISE_KEY] = np.full((self.rows, self.noise_width), 0.5, np.float32)
         self._response: dict[str, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"policy": self.policy, "rows": self.rows, "observation": self.observation, "slot": None}
+        return {"policy": self.policy, "rows": self.rows, "observation": self.observation,
+                "noise_width": self.noise_width, "slot": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -232,7 +245,7 @@ class InlineChannel:
     def submit(self, rows: int | None = None, mode: int | None = None, observation: np.ndarray | None = None) -> None:
         n = self.rows if rows is None else int(rows)
         where = self.request[self.observation.name] if observation is None else observation
-        self._response = self.policy.act(where, n, 0 if mode is None else int(mode))
+        self._response = self.policy.act(where, n, 0 if mode is None else int(mode), self._noise)
 
     def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         if self._response is None:
@@ -270,6 +283,7 @@ class InlineServer:
         if self._engine == "auto":
             self._engine = "numpy" if numpy_eligible(probe, "cpu") is None else "torch"
         self._recipe = numpy_recipe(probe) if self._engine == "numpy" else None
+        self._noise_width = noise_width(probe)
         self._launches = [0] * num_workers
         self._started = self._stopped = False
         self._read_at = time.monotonic()
@@ -292,7 +306,7 @@ class InlineServer:
                                   int(self.config.seed or 0), self._launches[worker],
                                   max_batch_size=self.config.max_batch_size)
         self._launches[worker] += 1
-        return [InlineChannel(policy, max(split_sizes), observation) for _ in split_sizes]
+        return [InlineChannel(policy, max(split_sizes), observation, self._noise_width) for _ in split_sizes]
 
     def start(self, timeout: float = 0.0) -> InlineServer:
         self._started = True

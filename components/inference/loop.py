@@ -66,6 +66,11 @@ class ServerConfig:
             :mod:`components.inference.serving`).
         static_batch_size: on CUDA, pad batches to this size and replay a
             captured CUDA graph (None: plain eager forwards).
+        deterministic: one forward per request (a worker's block), never
+            merged with others, so a row's outputs are computed in the same
+            batch shape whatever else is ready (BLAS kernels may round a
+            row differently in another shape); torch's deterministic
+            algorithms in a server process.
 
     Examples:
         >>> ServerConfig(max_batch_size=64, min_batch_size=8).timeout
@@ -85,6 +90,7 @@ class ServerConfig:
     seed: int | None = None
     engine: str = "auto"
     static_batch_size: int | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -168,6 +174,12 @@ class ServeLoop:
                 continue
             requests = transport.drain(cfg.max_batch_size)
             if not requests:
+                continue
+            # weights published while this loop waited: a request sent after a publish is served by it
+            self.poll_weights()
+            if cfg.deterministic:
+                for pending in requests:
+                    self.run_batch([pending], pending.rows)
                 continue
             rows = sum(p.rows for p in requests)
             if rows < cfg.min_batch_size:

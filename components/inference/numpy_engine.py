@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from components.action_noise import NOISE_KEY, fresh_uniforms
 from components.interaction import InteractionMode
 
 #: ``(weight key, bias key, activation or None)`` per linear layer, in order
@@ -98,6 +99,8 @@ class NumpyActorCriticEngine(_RecipeEngine):
         self._discrete = bool(self.recipe["discrete"])
         self._action_shape = tuple(self.recipe.get("action_shape", ()))
         self._rows = np.arange(0)
+        # uniforms per row, as the torch heads' noise_width (one for a categorical, two per Gaussian dim)
+        self._noise_width = 1 if self._discrete else 2 * int(np.prod(self._action_shape, dtype=np.int64))
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         r = self.recipe
@@ -135,18 +138,25 @@ class NumpyActorCriticEngine(_RecipeEngine):
         params = apply_layers(ha, self._actor)
         value = apply_layers(hc, self._critic)[:, 0]
         greedy = _greedy(modes)
+        noise = inputs.get(NOISE_KEY)
+        noise = fresh_uniforms(self._rng, n, self._noise_width) if noise is None else _as_numpy(noise)
         if self._discrete:
             z = params - params.max(1, keepdims=True)
-            log_probs = z - np.log(np.exp(z).sum(1, keepdims=True))
-            # Gumbel-max: argmax(logp + Gumbel) = argmax(logp - log(Exp(1))).
-            action = (log_probs - np.log(self._rng.exponential(size=log_probs.shape))).argmax(1)
+            mass = np.exp(z)
+            cdf = np.cumsum(mass, 1)
+            log_probs = z - np.log(cdf[:, -1:])
+            # the inverse CDF of the row's uniform, as components.heads.inverse_cdf: the cdf is monotone and its
+            # last entry is never below u * itself (u < 1), so the first entry not below is the count of those below
+            action = (cdf < noise[:, :1] * cdf[:, -1:]).argmin(1)
             if greedy is not None:
                 action = np.where(greedy, log_probs.argmax(1), action)
             log_prob = log_probs[self._rows[:n], action]
             action = action.astype(np.int64, copy=False)
         else:
             std = np.exp(self._log_std)
-            action = params + std * self._rng.standard_normal(params.shape)
+            half = params.shape[1]
+            normal = np.sqrt(-2.0 * np.log(noise[:, :half])) * np.cos((2.0 * np.pi) * noise[:, half:])
+            action = params + std * normal
             if greedy is not None:
                 action = np.where(greedy[:, None], params, action)
             log_prob = (-((action - params) ** 2) / (2 * std**2) - self._log_std - 0.5 * np.log(2 * np.pi)).sum(1)
@@ -174,11 +184,14 @@ class NumpyQNetworkEngine(_RecipeEngine):
         q = apply_layers(obs.reshape(n, -1).astype(np.float32, copy=False), self._layers)
         action = q.argmax(1)
         if self._epsilon > 0:
-            explore = self._rng.random(n) < self._epsilon
+            noise = inputs.get(NOISE_KEY)
+            noise = fresh_uniforms(self._rng, n, 2) if noise is None else _as_numpy(noise)
+            explore = noise[:, 0] < self._epsilon
             if modes is not None:
                 explore &= _as_numpy(modes) == int(InteractionMode.RANDOM)
-            if explore.any():
-                action = np.where(explore, self._rng.integers(0, self._actions, n), action)
+            if explore.any():  # as components.heads.epsilon_greedy
+                random = np.minimum((noise[:, 1] * self._actions).astype(np.int64), self._actions - 1)
+                action = np.where(explore, random, action)
         return {"action": action.astype(np.int64, copy=False)}
 
 

@@ -7,14 +7,13 @@ until told to stop. They share everything else too: weights arrive through
 :mod:`components.inference.weights`, statistics travel over a command pipe
 answered by a small thread (so the serve loop never pays for them), a
 failure is a message in a shared control block (:class:`ServerError` on
-the driver side), and the clients learn of the server's death from the
-transport's liveness pipe, which closes when the server ends however it ends. Only what
-cannot be shared differs: a process ties its life to the driver and sets its own torch threads and seed.
+the driver side), and the clients learn of the server's death from the transport's liveness pipe,
+which closes when the server ends however it ends. Only what cannot be shared differs: a process ties
+its life to the driver and sets its own torch threads, seed and (deterministic) algorithms.
 
-A server can also be alive and frozen (a process the kernel stopped, a
-forward pass that never returns): the serve loop beats a progress clock in
-the control block on every turn, and :meth:`InferenceServer.silent_for`
-tells the driver's watchdog how long it has been quiet.
+A server can also be alive and frozen (a process the kernel stopped, a forward pass that never
+returns): the serve loop beats a progress clock in the control block on every turn, and
+:meth:`InferenceServer.silent_for` tells the driver's watchdog how long it has been quiet.
 """
 
 from __future__ import annotations
@@ -111,6 +110,7 @@ def _server_main(
         pin_pools(int(config.num_threads or 1))
         if config.seed is not None:
             torch.manual_seed(config.seed)
+        torch.use_deterministic_algorithms(config.deterministic)  # a thread server shares the driver's
     set_affinity(affinity)  # a thread's own mask on Linux; the whole process's otherwise
     stop = threading.Event()
     commands: threading.Thread | None = None

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from components.action_noise import NOISE_KEY, fresh_uniforms
 from components.inference.stats import now
 from components.lifecycle import take_shared_lock
 from components.inference.transport import (
@@ -280,6 +281,7 @@ class SlotClient:
         self._req_seq, self._resp_seq = a.array("ctl.req_seq"), a.array("ctl.resp_seq")
         self._in_flight = False
         self._checked = float("-inf")
+        self._rng: np.random.Generator | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("_arena", "slot", "_doorbell", "_lock", "_wakeup", "_alive", "layout")}
@@ -325,6 +327,8 @@ class SlotClient:
         """Copy tensors (or arrays) into the slot and submit; returns a future."""
         rows = None
         for name, target in self.request.items():
+            if name == NOISE_KEY and name not in inputs:
+                continue  # filled below: a caller without env streams samples from this client's RNG
             value = inputs[name]
             device = getattr(value, "device", "cpu")
             if str(getattr(device, "type", device)) != "cpu":
@@ -339,6 +343,11 @@ class SlotClient:
                 raise ValueError(f"{name!r} has row shape {array.shape[1:]}, the slot holds {target.shape[1:]}")
             rows = array.shape[0]
             target[:rows] = array
+        if NOISE_KEY in self.request and NOISE_KEY not in inputs:
+            if self._rng is None:
+                self._rng = np.random.default_rng()
+            target = self.request[NOISE_KEY]
+            target[:rows] = fresh_uniforms(self._rng, rows, target.shape[1])
         if hasattr(mode, "numpy"):
             mode = mode.numpy()
         self.modes[:rows] = mode

@@ -61,11 +61,16 @@ class Layout:
 def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> Layout:
     """Request fields from the observation spec, response fields from one ``act`` pass.
 
+    A model that samples with env-side noise (``action_noise_width``, see
+    :mod:`components.action_noise`) gets its request field too.
+
     ``example``: one observation the model can take (zeros when None; a
     categorical space whose categories start above 0 needs its own).
     """
     import numpy as np
     import torch
+
+    from components.action_noise import NOISE_KEY, noise_width
 
     in_keys = tuple(getattr(model, "in_keys", ("observation",)))
     if in_keys != (observation.name,):
@@ -81,7 +86,9 @@ def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> La
         for key, value in out.items()
     ]
     response.append(FieldSpec(POLICY_VERSION, (), "int64"))
-    return Layout((observation,), tuple(response))
+    width = noise_width(model)
+    request = (observation,) if not width else (observation, FieldSpec(NOISE_KEY, (width,), "float32"))
+    return Layout(request, tuple(response))
 
 
 class Pending(NamedTuple):

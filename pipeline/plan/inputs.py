@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.plan.resolve import Machine, Plan, resolve_plan, serving_engine
 from pipeline.plan.rules import device
@@ -105,6 +105,8 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     """
     if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
         return None
+    if OmegaConf.select(cfg, "deterministic", default=False):
+        return None  # the layout by rule: a measurement could plan another graph (other batch shapes) next time
     from pipeline.plan.probes import probe_for_config
 
     policy_device = device(str(cfg.device.policy_device), machine.cuda).value

@@ -128,6 +128,9 @@ def chunking(choice: Choice[int]) -> str:
         return f"fixed: {choice.value} steps per {unit}"
     if choice.code == "step":
         return f"step: every step is a {unit}" + (" (a round trip per step: slow)" if unit == "chunk" else "")
+    if choice.code == "lockstep":
+        return (f"{choice.value} steps per {unit}: the longest up to the planned {f['planned'].value} that divides "
+                f"a batch's {f['turns']} steps per env (deterministic=true)")
     if choice.code == "ray.chunk_len":
         return f"ray.chunk_len: {choice.value} steps per chunk"
     if choice.code == "auto.thread_workers":
@@ -202,6 +205,17 @@ def threads(choice: Choice[int]) -> str:
     return ", ".join(parts) + "; pinned in each process before numpy or torch loads"
 
 
+def determinism(choice: Choice[bool]) -> str:
+    f = choice.facts
+    off = "; workers.concurrent_envs=true turned off" if f["concurrent_off"] else ""
+    if f["restarts_off"]:
+        off += f"; worker restarts off (workers.max_restarts={f['restarts_off']}: a relaunched env cannot be replayed)"
+    return (f"deterministic: each batch is {f['turns']} steps of all {f['num_envs']} envs, asked for by the trainer "
+            "and served by the weights it just published (no collection during updates: slower); one forward per "
+            f"worker block; the layout by rule, not measured; metric rows at frame counts, evaluations waited "
+            f"for{off}")
+
+
 def cpus(choice: Choice[int]) -> str:
     f = choice.facts
     return (f"sized for {choice.value} of {f['total']} CPU(s): {f['jobs']} sweep jobs run at once "
@@ -262,7 +276,7 @@ def envs(choice: Choice[int]) -> str:
 LINES: dict[str, Callable[[Choice], str]] = {
     "workers": workers, "cpus": cpus, "transport": transport, "server": server, "chunking": chunking,
     "device": devices, "replay": replay, "trainer": trainer, "collector": collector, "threads": threads,
-    "preset": preset, "cluster": cluster, "tasks": tasks, "masks": masks,
+    "preset": preset, "cluster": cluster, "tasks": tasks, "masks": masks, "mode": determinism,
 }
 
 

@@ -14,9 +14,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from components.collector.graph import GraphSpec
+from components.collector.lockstep import lockstep_chunk_len, lockstep_problem
 from components.inference.loop import ServerConfig
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
@@ -60,6 +61,8 @@ class Plan:
     envs: Choice | None = None
     #: transport=auto with measured costs: the chosen :class:`~pipeline.plan.layout.Layout` and its prediction
     layout: Any = None
+    #: deterministic=true: lockstep collection (components.collector.lockstep) and a reproducible run
+    deterministic: bool = False
 
     def choice(self, key: str) -> Choice:
         """The choice behind the plan's ``key`` line (KeyError: the plan has no such line)."""
@@ -113,7 +116,7 @@ WAITING_RATIO = 4.0
 
 
 def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, policy_device: str,
-                     shareable: bool) -> Any:
+                     shareable: bool, concurrent: str) -> Any:
     """``transport=auto`` with measured costs: the best predicted layout this config allows."""
     from pipeline.plan.layout import choose
 
@@ -125,7 +128,6 @@ def _measured_layout(cfg: DictConfig, costs: Any, num_envs: int, workers: str, p
     if workers == "thread" and costs.env_wait_s > WAITING_RATIO * costs.env_cpu_s:
         backend = None  # mostly-waiting envs: thread workers would make each env wait for the others
     requested = cfg.env.envs_per_worker
-    concurrent = str(cfg.workers.concurrent_envs).lower()
     best, _ = choose(costs, num_envs, workers=backend, servers=servers,
                      envs_per_worker=None if requested is None else min(int(requested), num_envs),
                      shareable=shareable, concurrent=None if concurrent == "auto" else concurrent == "true")
@@ -166,6 +168,16 @@ def _chunking(cfg: DictConfig, workers: str, num_envs: int, frames_per_batch: in
     return Choice(1, "auto.thread_workers")
 
 
+def _lockstep_chunking(planned: Choice[int], num_envs: int, frames_per_batch: int, total_frames: int) -> Choice[int]:
+    """deterministic=true: the planned chunk length, cut to one dividing a batch's steps per env (lockstep)."""
+    turns = max(1, frames_per_batch // num_envs)
+    last = (total_frames % frames_per_batch) // num_envs if total_frames > 0 else 0
+    value = lockstep_chunk_len(planned.value, turns, last)
+    if value == planned.value:
+        return planned
+    return Choice(value, "lockstep", {"planned": planned, "turns": turns})
+
+
 def _collector(cfg: DictConfig) -> Choice[None]:
     c = cfg.collector
     return Choice(None, "collector", {
@@ -201,8 +213,11 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     policy_device = policy.value
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     asked_splits = splits = int(cfg.workers.splits)
+    deterministic = bool(OmegaConf.select(cfg, "deterministic", default=False))
+    # lockstep collection needs blocks that step together
+    asked_concurrent = "false" if deterministic else str(cfg.workers.concurrent_envs).lower()
     # Without a measurement, envs step concurrently only when asked to.
-    concurrent = str(cfg.workers.concurrent_envs).lower() == "true"
+    concurrent = asked_concurrent == "true"
     chosen: Any = None
     if server == "inline":
         if policy_device != "cpu":
@@ -210,7 +225,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         transport_choice = Choice("none", "inline")
         splits = 1
     elif transport == "auto" and costs is not None:
-        chosen = _measured_layout(cfg, costs, num_envs, workers, policy_device, shareable)
+        chosen = _measured_layout(cfg, costs, num_envs, workers, policy_device, shareable, asked_concurrent)
         workers, server, splits, concurrent = chosen.workers, chosen.server, chosen.splits, chosen.concurrent
         transport_choice = _measured_transport(chosen, costs, num_envs)
     else:
@@ -238,6 +253,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         "rows": min(per_worker, max_batch), "min_batch": int(cfg.server.min_batch_size), "max_batch": max_batch,
         "passes": math.ceil(block_rows / max_batch) if max_batch < block_rows else 1})
     chunking = _chunking(cfg, workers, num_envs, frames_per_batch, per_worker)
+    if deterministic:
+        chunking = _lockstep_chunking(chunking, num_envs, frames_per_batch, int(cfg.trainer.total_frames))
 
     graph = GraphSpec(
         workers=workers,
@@ -255,6 +272,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     problem = graph.chunk_budget_problem(frames_per_batch)
     if problem is not None:
         raise ConfigError(f"chunking.chunks_per_worker={cfg.chunking.chunks_per_worker}: {problem}")
+    if deterministic and (problem := lockstep_problem(graph, frames_per_batch, int(cfg.trainer.total_frames), 0)):
+        raise ConfigError(f"deterministic=true: {problem}")
 
     choices: list[tuple[str, Choice]] = [
         ("workers", Choice(workers, "measured" if chosen is not None else "rule",
@@ -282,6 +301,10 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
             "frames_per_batch": frames_per_batch, "total_frames": cfg.trainer.total_frames,
             "target_return": cfg.trainer.target_return, "target_window": cfg.trainer.target_window})),
         ("collector", _collector(cfg)),
+        *([("mode", Choice(True, "lockstep", {
+            "turns": frames_per_batch // num_envs, "num_envs": num_envs,
+            "concurrent_off": str(cfg.workers.concurrent_envs).lower() == "true",
+            "restarts_off": int(cfg.workers.max_restarts)}))] if deterministic else []),
         ("threads", Choice(graph.worker_threads, "local", {
             "torch_threads": int(cfg.torch_threads), "workers": workers, "server": server,
             "num_workers": graph.num_workers, "server_threads": int(cfg.server.num_threads)})),
@@ -296,7 +319,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         seed=int(cfg.seed),
         engine=engine.value,
         static_batch_size=cfg.server.static_batch_size if policy_device.startswith("cuda") else None,
+        deterministic=deterministic,
     )
     envs = Choice(num_envs, "local", {"workers": graph.num_workers, "kind": workers, "per_worker": per_worker})
     return Plan(graph=graph, server=server_cfg, trainer_device=trainer.value, storing_device=storing,
-                frame_dedup=dedup, choices=tuple(choices), envs=envs, layout=chosen)
+                frame_dedup=dedup, choices=tuple(choices), envs=envs, layout=chosen, deterministic=deterministic)

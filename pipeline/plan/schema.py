@@ -296,6 +296,8 @@ class Config:
     seed: int = 0
     #: torch intra-op threads of the driver (trainer, thread server)
     torch_threads: int = 1
+    #: a reproducible run: lockstep collection, fixed batches, rows at frame counts (slower; docs/configuration.md)
+    deterministic: bool = False
     #: show a progress bar
     progress: bool = True
     #: checkpoints at the end and every checkpoint.interval seconds

@@ -161,6 +161,9 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     def get(key: str) -> Any:
         return _get(cfg, key)
 
+    if OmegaConf.select(cfg, "deterministic", default=False) and str(get("workers.backend")) == "ray":
+        raise ConfigError("deterministic=true: not available with workers=ray (hosts collect ahead of the trainer "
+                          "and their chunks arrive in network order); use workers=thread or process")
     # env
     _check(cfg, "env.num_envs", *positive)
     if get("env.envs_per_worker") is not None:

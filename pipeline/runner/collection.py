@@ -34,7 +34,9 @@ def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any
         seed=seed, server_config=plan.server, env_spec=env_spec,
         replay_buffer=replay_buffer, postproc=postproc, storing_device=plan.storing_device,
         policy_version=policy_version, stall_timeout=c.stall_timeout,
-        step_timeout=cfg.workers.step_timeout, max_restarts=int(cfg.workers.max_restarts),
+        step_timeout=cfg.workers.step_timeout,
+        # a relaunched worker's envs start afresh, which a deterministic run could not replay
+        max_restarts=0 if plan.deterministic else int(cfg.workers.max_restarts),
         restart_window=float(cfg.workers.restart_window), skip_non_finite=skip_non_finite,
         yield_completed_trajectories=bool(c.yield_completed_trajectories), post_collect_hook=post_collect_hook,
         driver_affinity=list(c.driver_affinity) if c.driver_affinity else None,
@@ -49,4 +51,4 @@ def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any
     return AsyncBatchedCollector(env_factory, model_spec, plan.graph, **common,
                                  server_restarts=int(cfg.server.max_restarts),
                                  server_step_timeout=cfg.server.step_timeout,
-                                 reset_at_each_iter=bool(c.reset_at_each_iter))
+                                 reset_at_each_iter=bool(c.reset_at_each_iter), lockstep=plan.deterministic)

@@ -67,7 +67,8 @@ class Reporter:
 
     def __init__(self, collector: Collector, logger: MetricsLogger, *, total_frames: int,
                  window: int, target_return: float | None, progress: bool, replay: Any = None,
-                 start_frames: int = 0, elapsed: float = 0.0, tasks: TaskEpisodes | None = None) -> None:
+                 start_frames: int = 0, elapsed: float = 0.0, tasks: TaskEpisodes | None = None,
+                 deterministic: bool = False) -> None:
         self.collector, self.logger, self.replay = collector, logger, replay
         self.tracker = EpisodeTracker(window)
         #: an env set's episodes per task (episode/<task>/*), besides the run's
@@ -82,6 +83,11 @@ class Reporter:
         # second, not echoed): a run of a few seconds still leaves a curve, not one point.
         rows = int(getattr(logger, "rows_per_run", 0) or 0)
         self.frames_per_row = max(1, (total_frames - start_frames) // rows) if rows > 0 else None
+        #: deterministic=true: rows only where the frame count crosses a multiple of frames_per_row (the same
+        #: frames in every run and in a resumed one: spread over the whole budget, never by the clock)
+        self.deterministic = deterministic
+        if deterministic:
+            self.frames_per_row = max(1, total_frames // max(rows, 1))
         self.last_echo = self.started
         self.pending: list[dict[str, float]] = []
         self.checkpointer: Checkpointer | None = None
@@ -124,6 +130,9 @@ class Reporter:
             weights, version = self.snapshot()
             if self.evaluator.start(weights, version, frames):
                 self._next_eval = frames + self.eval_interval
+                if self.deterministic:  # its row is the next one, not whichever follows its end
+                    self.evaluator.wait(300.0)
+                    self._evaluate(0)
 
     def final_evaluation(self, timeout: float = 300.0) -> None:
         """One last evaluation of the final weights, waited for, logged with the last row."""
@@ -147,7 +156,13 @@ class Reporter:
             self._evaluate(frames)
         self.progress.update(frames, frames / max(now - self.started, 1e-9), self.tracker.mean_return)
         solved = self.solved
-        if now - self.last_echo >= self.logger.interval or solved:
+        if self.deterministic:
+            per = self.frames_per_row
+            if frames // per > self.last_frames // per or solved:
+                echo = now - self.last_echo >= self.logger.interval or solved
+                self.flush(now, echo=echo)
+                self.last_echo = now if echo else self.last_echo
+        elif now - self.last_echo >= self.logger.interval or solved:
             self.flush(now)
             self.last_echo = now
         elif self.frames_per_row is not None and frames - self.last_frames >= self.frames_per_row \
@@ -244,7 +259,8 @@ class Checkpointer:
 def run_on_policy(collector: Collector, trainer: Trainer, reporter: Reporter) -> str:
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
     collector.start()
-    sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False))
+    # lockstep collection (deterministic=true) asks for each batch after the weights are out: no pause needed
+    sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False)) and not reporter.deterministic
     clock = time.perf_counter
     batches = iter(collector)
     while True:
@@ -275,16 +291,26 @@ def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter
 
     The writer may run at most ``max_batches_ahead`` batches ahead of
     training, which keeps the replay ratio at its configured value instead of
-    drifting with whichever side is faster.
+    drifting with whichever side is faster. Deterministic (lockstep) runs
+    take turns instead: the writer asks for the next batch only once the
+    trainer has learned from this one and published its weights.
     """
     written = threading.Semaphore(0)
-    room = threading.Semaphore(max_batches_ahead)
+    turns = reporter.deterministic
+    room = threading.Semaphore(0 if turns else max_batches_ahead)
 
-    def on_batch(batch: Any) -> None:  # the writer thread
-        reporter.episodes(batch)
+    def wait_for_room() -> None:
         while not room.acquire(timeout=0.1):
             if collector.closed:
                 raise CollectorError("the collector was shut down")
+
+    def on_batch(batch: Any) -> None:  # the writer thread
+        reporter.episodes(batch)
+        if turns:
+            written.release()
+            wait_for_room()
+            return
+        wait_for_room()
         written.release()
 
     collector.set_on_batch(on_batch)
@@ -300,6 +326,9 @@ def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter
                 continue
         metrics = trainer.update(buffer, frames=collector.frames)
         collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
-        room.release()
+        if not turns:
+            room.release()
         if reporter.step(metrics):
             return "target_return"
+        if turns:  # after the row: the next batch's requests are not counted in this one's
+            room.release()

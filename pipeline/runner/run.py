@@ -44,6 +44,7 @@ from pipeline.plan import Choice, Machine, Plan
 from pipeline.plan.inputs import family_config, plan_config
 from pipeline.plan.ray import connect_ray
 from pipeline.plan.presets import preset_line
+from pipeline.runner.reproducibility import apply_determinism, summary_row
 from pipeline.runner.resume import rewind_metrics
 from pipeline.runner.run_lock import LOCK, claim_run_dir
 from pipeline.runner.rundir import DiskReserve, apply_mode, write_hydra_files
@@ -145,6 +146,7 @@ class JobInfo:
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
            resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None)) -> int:
     report_pools("driver")  # pinned in run(), before the probes
+    apply_determinism(plan.deterministic)
     torch.manual_seed(int(cfg.seed))
     np.random.seed(int(cfg.seed))
     model_spec, trainer = build_learner(cfg, env_spec, plan)
@@ -198,7 +200,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     reporter = Reporter(collector, logger, total_frames=algo.total_frames, window=algo.target_window,
                         target_return=algo.target_return, progress=bool(cfg.progress), replay=buffer,
                         start_frames=start_frames, elapsed=float(restored.get("elapsed_s", 0.0)) if restored else 0.0,
-                        tasks=task_episodes(env_factory, algo.target_window))
+                        tasks=task_episodes(env_factory, algo.target_window), deterministic=plan.deterministic)
     if restored is not None:
         restore_episodes(reporter.tracker, restored["episodes"])
     disk_replay = buffer is not None and cfg.replay.storage == "disk"
@@ -270,19 +272,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
             with _best_effort(lost, "write the final checkpoint"):
                 checkpoint = save_run_state(checkpoint_path, state(stop_reason))
         with _best_effort(lost, "write the summary"):
-            logger.summary({
-                "frames": collector.frames,
-                "wall_time_s": round(reporter.elapsed, 3),
-                "collector/frames_per_s": round(collector.frames / reporter.elapsed, 1) if reporter.elapsed else None,
-                "stop_reason": stop_reason,
-                "episode/return_mean": tracker.mean_return,
-                "episode/count": tracker.total,
-                **({k: v for k, v in reporter.tasks.row().items() if not k.endswith("/length_mean")}
-                   if reporter.tasks is not None else {}),
-                **({"eval/return_mean": reporter.last_eval["return_mean"],
-                    "eval/policy_version": reporter.last_eval["policy_version"]} if reporter.last_eval else {}),
-                "solved": stop_reason == "target_return",
-            })
+            logger.summary(summary_row(collector, reporter, stop_reason, deterministic=plan.deterministic,
+                                       resolved=resolved))
         interrupted: list[str] = []
         with _best_effort(lost, "close the logger", interrupted), signals_raise(previous):
             logger.close(exit_code=code)  # its sinks: bounded by logger.wandb_timeout, then abandoned
