@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.runner.reproducibility import timing_column
-from tests.conftest import run_pipeline
+from tests.conftest import ROOT, run_pipeline
 
 COMMON = ["seed=3", "trainer.target_return=null", "deterministic=true", "logger=jsonl", "progress=false",
           "checkpoint.interval=null"]
@@ -90,3 +95,51 @@ def test_timing_columns_are_the_clocks_not_the_learning():
     for key in ("train/clip_fraction", "train/policy_loss", "episode/return_mean", "server/rows",
                 "collector/rows_requested", "collector/frames", "eval/return_mean"):
         assert not timing_column(key), key
+
+
+RESUMABLE = {
+    "ppo-thread-workers": ["trainer.total_frames=30720", "workers=thread", "checkpoint.frames=6144"],
+    "dqn-process-workers-process-server": ["trainer=dqn", "replay=uniform", "trainer.total_frames=8192",
+                                           "trainer.learning_starts=512", "trainer.updates_per_batch=8",
+                                           "trainer.eval_interval=1024", "trainer.eval_episodes=2",
+                                           "workers=process", "server=process", "transport=slots",
+                                           "checkpoint.frames=2048"],
+}
+
+
+def _kill_after_first_checkpoint(args: list[str], run_dir: Path, cwd: Path) -> None:
+    """Start the run, SIGKILL its whole group a moment after its first checkpoint is on disk."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args, f"hydra.run.dir={run_dir}"], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "checkpoint.pt").exists():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.01)
+        time.sleep(0.2)  # into the next interval: rows after the checkpoint that the resume must rewind
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "killed, not finished"
+
+
+@pytest.mark.parametrize("case", list(RESUMABLE))
+def test_a_deterministic_run_killed_and_resumed_writes_the_rows_of_the_run_never_killed(case, tmp_path):
+    args = [*COMMON, *RESUMABLE[case]]
+    args.remove("checkpoint.interval=null")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    proc = run_pipeline([*args, f"hydra.run.dir={whole}"], cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _kill_after_first_checkpoint(args, killed, tmp_path)
+    frames = torch.load(killed / "checkpoint.pt", weights_only=True)["frames"]
+    assert 0 < frames < int(next(a for a in args if a.startswith("trainer.total_frames=")).split("=")[1])
+    proc = run_pipeline([f"resume={killed}"], cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after = [[_without_timing(r) for r in _rows(d) if r.get("frames", float("inf")) > frames] for d in (whole, killed)]
+    assert len(after[0]) >= 5 and len(after[0]) == len(after[1])
+    for i, (a, b) in enumerate(zip(*after)):
+        assert a == b, f"row {i} after the checkpoint at {frames} frames differs"
+    wa, wb = (_weights(d) for d in (whole, killed))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the final weights differ"

@@ -140,3 +140,21 @@ def test_a_gap_in_env_steps_cuts_the_window_and_a_repeated_step_is_an_error() ->
     assert out["next", "reward"].tolist()[:2] == pytest.approx([1.9, 1.0])
     with pytest.raises(ValueError, match="env 0: env_step 7 arrived twice"):
         nstep(transitions([0], [7], [1.0], [False]))
+
+
+def test_cut_closes_the_open_windows_as_truncations_and_new_envs_start_clean():
+    nstep = NStepReturns(n=3, gamma=0.5)
+    out = nstep(transitions([0, 0, 0, 1, 1], [250, 251, 252, 40, 41], [1.0, 2.0, 4.0, 8.0, 16.0], [False] * 5))
+    assert {(int(e), int(s)) for e, s in zip(out["env_index"], out["env_step"])} == {(0, 250)}
+    closed = nstep.cut()
+    got = {(int(e), int(s)): (float(r), int(m), float(o[0]))
+           for e, s, r, m, o in zip(closed["env_index"], closed["env_step"], closed["next", "reward"],
+                                    closed["next", "n_steps"], closed["next", "observation"])}
+    # each window ends at its env's last step, bootstrapping from that step's next observation
+    assert got == {(0, 251): (2.0 + 0.5 * 4.0, 2, 252.5), (0, 252): (4.0, 1, 252.5),
+                   (1, 40): (8.0 + 0.5 * 16.0, 2, 1041.5), (1, 41): (16.0, 1, 1041.5)}
+    assert not closed["next", "terminated"].any()
+    assert nstep.pending == 0 and nstep.cut() is None
+    # the replacement envs count their steps from 0 again: no "arrived twice", no window across the cut
+    again = nstep(transitions([0, 0, 0, 0], [0, 1, 2, 3], [1.0, 1.0, 1.0, 1.0], [False] * 4))
+    assert again["env_step"].tolist() == [0, 1] and again["next", "n_steps"].tolist() == [3, 3]

@@ -1,15 +1,12 @@
 """AsyncBatchedCollector: env workers, an inference server, dense batches.
 
-Environments never wait for a global barrier: each worker steps its block
-as soon as its actions arrive, the server batches whatever is ready, and the
-driver assembles exactly ``frames_per_batch`` transitions from whole chunks.
-There is one wiring, with the placements (a resolved :class:`GraphSpec`) as
-parameters: every block owns a request slot of one
-:class:`~components.inference.slots.SlotTransport` (``threading``
-primitives when everything is in the driver, a ``spawn`` context when a
-worker or the server is a process), served by one
-:class:`~components.inference.server.InferenceServer` in a driver thread or
-its own process.
+Environments never wait for a global barrier (unless ``lockstep``): each worker steps its block as soon as
+its actions arrive, the server batches whatever is ready, and the driver assembles exactly
+``frames_per_batch`` transitions from whole chunks. There is one wiring, with the placements (a resolved
+:class:`GraphSpec`) as parameters: every block owns a request slot of one
+:class:`~components.inference.slots.SlotTransport` (``threading`` primitives when everything is in the
+driver, a ``spawn`` context when a worker or the server is a process), served by one
+:class:`~components.inference.server.InferenceServer` in a driver thread or its own process.
 """
 
 from __future__ import annotations

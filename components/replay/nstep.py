@@ -80,7 +80,21 @@ class NStepReturns:
             reward = batch.get(("next", "reward"))
             out.set(("next", "n_steps"), torch.ones(reward.shape, dtype=torch.int64, device=reward.device))
             return out
-        full = batch if self._carry is None else torch.cat([self._carry, batch], 0)
+        return self._windows(batch if self._carry is None else torch.cat([self._carry, batch], 0))
+
+    def cut(self) -> TensorDictBase | None:
+        """Close every window still open, as at a truncation, when its envs are replaced (a restart, a resume).
+
+        The carried transitions' trajectories go on in envs that no longer
+        exist: their windows end at the last step that arrived, bootstrapping
+        from its observation (``n_steps`` < n), and nothing is carried on.
+        Returns those transitions (None when nothing was carried).
+        """
+        if self._carry is None or self.n == 1:
+            return None
+        return self._windows(self._carry, cut=True)
+
+    def _windows(self, full: TensorDictBase, cut: bool = False) -> TensorDictBase:
         rows = int(full.batch_size[0])
         env = full.get(self.env_key).reshape(-1).cpu().numpy()
         step = full.get(self.step_key).reshape(-1).cpu().numpy()
@@ -94,6 +108,8 @@ class NStepReturns:
         # trajectory was cut there, so the window closes as at a truncation (bootstrapping
         # from the last observation before the gap, never across it).
         done[:-1] |= (env[1:] == env[:-1]) & (step[1:] != step[:-1] + 1)
+        if cut:  # each env's last step ends its trajectory here
+            done |= np.r_[env[1:] != env[:-1], True]
 
         # Walk the window: k steps ahead of row i is row i + k when it belongs to the same env.
         here = np.arange(rows)

@@ -208,6 +208,9 @@ def threads(choice: Choice[int]) -> str:
 def determinism(choice: Choice[bool]) -> str:
     f = choice.facts
     off = "; workers.concurrent_envs=true turned off" if f["concurrent_off"] else ""
+    every = f.get("checkpoint_frames")
+    off += (f"; a checkpoint every {every} frames, each a restart point (fresh envs: a resume from it is the same "
+            "run)" if every else "; checkpoints only at the end (checkpoint.frames: resumable ones)")
     if f["restarts_off"]:
         off += f"; worker restarts off (workers.max_restarts={f['restarts_off']}: a relaunched env cannot be replayed)"
     return (f"deterministic: each batch is {f['turns']} steps of all {f['num_envs']} envs, asked for by the trainer "

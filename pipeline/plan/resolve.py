@@ -304,7 +304,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         *([("mode", Choice(True, "lockstep", {
             "turns": frames_per_batch // num_envs, "num_envs": num_envs,
             "concurrent_off": str(cfg.workers.concurrent_envs).lower() == "true",
-            "restarts_off": int(cfg.workers.max_restarts)}))] if deterministic else []),
+            "restarts_off": int(cfg.workers.max_restarts),
+            "checkpoint_frames": OmegaConf.select(cfg, "checkpoint.frames", default=None)}))] if deterministic else []),
         ("threads", Choice(graph.worker_threads, "local", {
             "torch_threads": int(cfg.torch_threads), "workers": workers, "server": server,
             "num_workers": graph.num_workers, "server_threads": int(cfg.server.num_threads)})),

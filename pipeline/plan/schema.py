@@ -225,8 +225,10 @@ class LoggerSchema:
 class CheckpointSchema:
     #: write checkpoint.pt (model, optimiser, counters, RNG, episode statistics; a disk replay's state)
     enabled: bool = True
-    #: seconds between checkpoints during the run (null: only at the end)
+    #: seconds between checkpoints during the run (null: only at the end; ignored when deterministic=true)
     interval: float | None = 60.0
+    #: frames between checkpoints (null: none by frames); deterministic=true: restart points a resume repeats
+    frames: int | None = None
 
 
 @dataclass

@@ -161,9 +161,17 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     def get(key: str) -> Any:
         return _get(cfg, key)
 
-    if OmegaConf.select(cfg, "deterministic", default=False) and str(get("workers.backend")) == "ray":
+    deterministic = bool(OmegaConf.select(cfg, "deterministic", default=False))
+    if deterministic and str(get("workers.backend")) == "ray":
         raise ConfigError("deterministic=true: not available with workers=ray (hosts collect ahead of the trainer "
                           "and their chunks arrive in network order); use workers=thread or process")
+    every = OmegaConf.select(cfg, "checkpoint.frames", default=None)
+    if every is not None:
+        _check(cfg, "checkpoint.frames", lambda v: v >= 1, ">= 1 frames (or null)")
+        batch = int(get("trainer.frames_per_batch"))
+        if deterministic and int(every) % batch:
+            raise ConfigError(f"checkpoint.frames={every}: deterministic=true checkpoints between batches, so it "
+                              f"must be a multiple of trainer.frames_per_batch={batch}")
     # env
     _check(cfg, "env.num_envs", *positive)
     if get("env.envs_per_worker") is not None:

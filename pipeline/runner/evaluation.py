@@ -65,12 +65,16 @@ class Evaluator:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, weights: Mapping[str, torch.Tensor], version: int, frames: int) -> bool:
-        """Evaluate these weights in the background; False (nothing started) while one still runs."""
+    def start(self, weights: Mapping[str, torch.Tensor], version: int, frames: int, index: int | None = None) -> bool:
+        """Evaluate these weights in the background; False (nothing started) while one still runs.
+
+        ``index`` picks the eval envs' seeds (default: the count of evaluations this evaluator started; a
+        deterministic run passes one derived from ``frames``, so a resumed run seeds as the uninterrupted one).
+        """
         if self.busy:
             return False
         state = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
-        self.count += 1
+        self.count = self.count + 1 if index is None else int(index)
         self._thread = threading.Thread(target=self._run, args=(state, version, frames, self.count),
                                         name="evaluation", daemon=True)
         self._thread.start()

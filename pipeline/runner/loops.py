@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from components.collector.protocol import Collector
 from components.episodes import EpisodeTracker, TaskEpisodes
 from components.metrics import MetricsLogger
 from components.trainers.base import Trainer
+from pipeline.runner.checkpoints import Checkpointer
 
 
 def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -91,6 +93,11 @@ class Reporter:
         self.last_echo = self.started
         self.pending: list[dict[str, float]] = []
         self.checkpointer: Checkpointer | None = None
+        #: deterministic=true, set by the runner: (collector) -> a fresh one at its frames (restart points), and
+        #: (frames) -> the RNGs re-seeded from (seed, frames) once a collector has started
+        self.make_restart: Callable[[Collector], Collector] | None = None
+        self.reseed: Callable[[int], None] | None = None
+        self.restart_due = False
         #: greedy evaluation (pipeline.runner.evaluation): set by the runner with eval_interval and snapshot
         self.evaluator: Any = None
         self.eval_interval: int | None = None
@@ -126,13 +133,19 @@ class Reporter:
         result = self.evaluator.poll()
         if result is not None:
             self.last_eval = self._eval_row = result
-        if self.eval_interval and frames >= self._next_eval:
+        if not self.eval_interval:
+            return
+        if self.deterministic:  # where frames cross a multiple (as in a resumed run), waited for: its row is fixed
+            if frames // self.eval_interval > self._next_eval // self.eval_interval:
+                weights, version = self.snapshot()
+                if self.evaluator.start(weights, version, frames, index=2 * frames):
+                    self._next_eval = frames
+                    self.evaluator.wait(300.0)
+                    self._evaluate(0)
+        elif frames >= self._next_eval:
             weights, version = self.snapshot()
             if self.evaluator.start(weights, version, frames):
                 self._next_eval = frames + self.eval_interval
-                if self.deterministic:  # its row is the next one, not whichever follows its end
-                    self.evaluator.wait(300.0)
-                    self._evaluate(0)
 
     def final_evaluation(self, timeout: float = 300.0) -> None:
         """One last evaluation of the final weights, waited for, logged with the last row."""
@@ -141,7 +154,8 @@ class Reporter:
         self.evaluator.wait(timeout)
         self._evaluate(0)  # collect what was running
         weights, version = self.snapshot()
-        if self.evaluator.start(weights, version, self.collector.frames):
+        frames = self.collector.frames
+        if self.evaluator.start(weights, version, frames, index=2 * frames + 1 if self.deterministic else None):
             self.evaluator.wait(timeout)
             self._evaluate(0)
             self.pending.append({})  # the final row carries it
@@ -169,8 +183,28 @@ class Reporter:
                 and now - self.last_log >= 0.25:
             self.flush(now, echo=False)
         if self.checkpointer is not None and not solved:
-            self.checkpointer.maybe(now)
+            restart = self.deterministic and self.make_restart is not None
+            if restart and self.checkpointer.due(now, frames) and self.last_frames != frames:
+                self.flush(now, echo=False)  # the restart point's row: the resumed run starts after it
+            if self.checkpointer.maybe(now, frames) and restart:
+                self.restart_due = True
         return solved
+
+    def collector_started(self, collector: Collector) -> Collector:
+        """``collector`` was started: re-seed the RNGs (deterministic=true) as a resumed run does."""
+        if self.reseed is not None:
+            self.reseed(collector.frames)
+        return collector
+
+    def restart_collector(self, on_batch: Callable[[Any], None] | None = None) -> Collector:
+        """At a restart point (see :mod:`pipeline.runner.checkpoints`): the collector a resumed run would build."""
+        self.restart_due = False
+        assert self.make_restart is not None
+        self.collector = collector = self.make_restart(self.collector)
+        if on_batch is not None:
+            collector.set_on_batch(on_batch)
+        collector.start()
+        return self.collector_started(collector)
 
     def flush(self, now: float | None = None, echo: bool = True) -> None:
         now = now if now is not None else time.monotonic()
@@ -229,36 +263,9 @@ class Reporter:
         self.progress.close()
 
 
-class Checkpointer:
-    """Writes the run's state every ``interval`` seconds, between two trainer steps.
-
-    ``make_state`` builds the checkpoint; ``pause`` (a context manager
-    factory, e.g. the collector's ``pause``) quiesces whatever must not move
-    while it is taken (a disk replay saved by reference to its files).
-    """
-
-    def __init__(self, path: Any, interval: float, make_state: Any, pause: Any = None) -> None:
-        self.path, self.interval, self.make_state, self.pause = path, interval, make_state, pause
-        self.last = time.monotonic()
-        self.saved = 0
-
-    def maybe(self, now: float) -> None:
-        if now - self.last < self.interval:
-            return
-        from pipeline.runner.state import save_run_state
-
-        if self.pause is None:
-            save_run_state(self.path, self.make_state())
-        else:
-            with self.pause():
-                save_run_state(self.path, self.make_state())
-        self.last = time.monotonic()
-        self.saved += 1
-
-
 def run_on_policy(collector: Collector, trainer: Trainer, reporter: Reporter) -> str:
     """PPO: every batch once, weights pushed after each update. Returns the stop reason."""
-    collector.start()
+    reporter.collector_started(collector.start())
     # lockstep collection (deterministic=true) asks for each batch after the weights are out: no pause needed
     sync = bool(getattr(getattr(trainer, "config", None), "sync_collection", False)) and not reporter.deterministic
     clock = time.perf_counter
@@ -282,6 +289,9 @@ def run_on_policy(collector: Collector, trainer: Trainer, reporter: Reporter) ->
                        weights_push_ms=(pushed - updated) * 1e3)
         if reporter.step(metrics):
             return "target_return"
+        if reporter.restart_due:
+            collector = reporter.restart_collector()
+            batches = iter(collector)
 
 
 def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter: Reporter,
@@ -301,7 +311,7 @@ def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter
 
     def wait_for_room() -> None:
         while not room.acquire(timeout=0.1):
-            if collector.closed:
+            if reporter.collector.closed:  # shut down, or replaced at a restart point
                 raise CollectorError("the collector was shut down")
 
     def on_batch(batch: Any) -> None:  # the writer thread
@@ -314,7 +324,7 @@ def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter
         written.release()
 
     collector.set_on_batch(on_batch)
-    collector.start()
+    reporter.collector_started(collector.start())
     while True:
         if not written.acquire(timeout=0.25):
             collector.check_writer()
@@ -330,5 +340,7 @@ def run_off_policy(collector: Collector, trainer: Trainer, buffer: Any, reporter
             room.release()
         if reporter.step(metrics):
             return "target_return"
-        if turns:  # after the row: the next batch's requests are not counted in this one's
+        if reporter.restart_due:  # the old writer waits for room it never gets: shut down with its collector
+            collector = reporter.restart_collector(on_batch)
+        elif turns:  # after the row: the next batch's requests are not counted in this one's
             room.release()

@@ -20,10 +20,14 @@ import os
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
 #: keys of the resolved config that do not change what a run computes: where it goes, how it is shown
 _NOT_HASHED = ("resume", "progress", "rundir")
+
+#: separates the re-seed stream from the env seeds derived from the same (seed, frames)
+_RESEED_TAG = 0x5EED
 
 #: metric columns that measure the clock, not the run (they differ between two identical runs)
 _TIMING = re.compile(r"^time$|_ms$|_s$|seconds$|_frac$|^collector/bound$"
@@ -39,6 +43,18 @@ def apply_determinism(deterministic: bool) -> None:
     # cuBLAS needs a fixed workspace for deterministic matmuls; set before CUDA is initialised
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
+
+
+def env_seed_at(seed: int, frames: int) -> int:
+    """The env seed of a collector started at ``frames`` (a resumed run, a restart point); ``seed`` at 0."""
+    return int(np.random.SeedSequence([int(seed), int(frames)]).generate_state(1)[0]) if frames else int(seed)
+
+
+def reseed(seed: int, frames: int) -> None:
+    """The driver's torch and numpy RNGs re-seeded from (seed, frames): a restart point's, a resumed run's."""
+    value = int(np.random.SeedSequence([int(seed), int(frames), _RESEED_TAG]).generate_state(1)[0])
+    torch.manual_seed(value)
+    np.random.seed(value)
 
 
 def config_hash(resolved: dict[str, Any]) -> str:

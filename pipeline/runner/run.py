@@ -39,12 +39,13 @@ from pipeline.runner.budgets import check_budgets
 from pipeline.runner.collection import build_collector
 from pipeline.runner.evaluation import EvaluationError, Evaluator
 from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
-from pipeline.runner.loops import Checkpointer, Reporter, run_off_policy, run_on_policy, task_episodes
+from pipeline.runner.checkpoints import Checkpointer, close_open_windows, restart_collector
+from pipeline.runner.loops import Reporter, run_off_policy, run_on_policy, task_episodes
 from pipeline.plan import Choice, Machine, Plan
 from pipeline.plan.inputs import family_config, plan_config
 from pipeline.plan.ray import connect_ray
 from pipeline.plan.presets import preset_line
-from pipeline.runner.reproducibility import apply_determinism, summary_row
+from pipeline.runner.reproducibility import apply_determinism, env_seed_at, reseed, summary_row
 from pipeline.runner.resume import rewind_metrics
 from pipeline.runner.run_lock import LOCK, claim_run_dir
 from pipeline.runner.rundir import DiskReserve, apply_mode, write_hydra_files
@@ -166,11 +167,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     if restored is not None and buffer is not None and restored.get("replay") is not None:
         buffer.load_state_dict(restored["replay"])
         nstep.load_state_dict(restored["nstep"])
+        close_open_windows(nstep, buffer)  # their envs are gone: the resumed run builds new ones
     if resume:
         rewind_metrics(run_dir / "metrics.jsonl", start_frames)
-    # A resumed run gets fresh env seeds: replaying the first episodes again would bias the data.
-    env_seed = int(np.random.SeedSequence([int(cfg.seed), start_frames]).generate_state(1)[0]) if resume \
-        else int(cfg.seed)
     cluster, hosts = ray_hosts
     on_start = None
     if hosts is not None:
@@ -181,12 +180,15 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
 
         on_start = placed
 
-    collector = build_collector(cfg, plan, env_factory, env_spec, model_spec, seed=env_seed,
-                                total_frames=algo.total_frames, initial_frames=start_frames,
-                                policy_version=trainer.policy_version, replay_buffer=buffer, postproc=nstep,
-                                post_collect_hook=hook, skip_non_finite=algo.nan_policy == "skip",
-                                ray_hosts=ray_hosts, on_start=on_start,
-                                frames_per_batch=algo.frames_per_batch)
+    def make_collector(frames: int) -> Any:
+        # Resumed (or at a restart point): fresh env seeds, replaying the first episodes again would bias the data.
+        return build_collector(cfg, plan, env_factory, env_spec, model_spec, seed=env_seed_at(int(cfg.seed), frames),
+                               total_frames=algo.total_frames, initial_frames=frames,
+                               policy_version=trainer.policy_version, replay_buffer=buffer, postproc=nstep,
+                               post_collect_hook=hook, skip_non_finite=algo.nan_policy == "skip",
+                               ray_hosts=ray_hosts, on_start=on_start, frames_per_batch=algo.frames_per_batch)
+
+    collector = make_collector(start_frames)
     # the trainer's version (0 for a new run): these weights are served from the first request
     collector.update_policy_weights_(trainer.model, version=trainer.policy_version)
     resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain words: weights_only loads it
@@ -206,18 +208,25 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     disk_replay = buffer is not None and cfg.replay.storage == "disk"
 
     def state(stop_reason: str) -> dict[str, Any]:
-        out = run_state(trainer=trainer, frames=collector.frames, config=resolved, model_spec=model_spec,
+        # a memory replay too when deterministic: the resumed run must sample what the uninterrupted one does
+        saved_replay = buffer if disk_replay or plan.deterministic else None
+        out = run_state(trainer=trainer, frames=reporter.collector.frames, config=resolved, model_spec=model_spec,
                         env_spec=env_spec, tracker=reporter.tracker, stop_reason=stop_reason,
-                        wandb_id=logger.wandb_id, replay=buffer if disk_replay else None, nstep=nstep)
+                        wandb_id=logger.wandb_id, replay=saved_replay, nstep=nstep)
         out["elapsed_s"] = reporter.elapsed
         return out
 
     checkpoint_path = run_dir / "checkpoint.pt"
-    if cfg.checkpoint.enabled and cfg.checkpoint.interval is not None:
+    interval = None if plan.deterministic or cfg.checkpoint.interval is None else float(cfg.checkpoint.interval)
+    every = OmegaConf.select(cfg, "checkpoint.frames", default=None)
+    if cfg.checkpoint.enabled and (interval is not None or every):
         # A disk replay is saved by reference to its files: pause the writer so they match the state.
-        reporter.checkpointer = Checkpointer(checkpoint_path, float(cfg.checkpoint.interval),
-                                             lambda: state("checkpoint"),
-                                             pause=collector.pause if disk_replay else None)
+        reporter.checkpointer = Checkpointer(checkpoint_path, interval, lambda: state("checkpoint"),
+                                             pause=(lambda: reporter.collector.pause()) if disk_replay else None,
+                                             every_frames=int(every) if every else None, start_frames=start_frames)
+    if plan.deterministic:  # restart points at its checkpoints, RNGs re-seeded as a resumed run's
+        reporter.make_restart = lambda old: restart_collector(old, make_collector, trainer, nstep, buffer)
+        reporter.reseed = lambda frames: reseed(int(cfg.seed), frames)
     if algo.eval_interval:
         reporter.evaluator = Evaluator(env_factory, model_spec.build(env_spec), episodes=int(algo.eval_episodes),
                                        seed=int(cfg.seed))
@@ -254,7 +263,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
             ignore_signals(previous)
             if code == EXIT_OK:
                 stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
-        tracker = reporter.tracker
+        tracker, collector = reporter.tracker, reporter.collector  # the collector of the last restart point
         checkpoint = None
         lost: list[str] = []  # final writes that failed even so
         with _best_effort(lost, "close the progress display"):
