@@ -100,6 +100,11 @@ class Activation(Word):
     relu = "relu"
 
 
+class RecurrentCore(Word):
+    lstm = "lstm"
+    gru = "gru"
+
+
 class NanPolicy(Word):
     error = "error"
     skip = "skip"

@@ -40,6 +40,12 @@ def _greedy_rows(modes: torch.Tensor | None) -> torch.Tensor | None:
     return modes != int(InteractionMode.RANDOM)
 
 
+def _feed_forward(name: str, rnn: str | None) -> None:
+    if rnn is not None:
+        raise ValueError(f"model.rnn={rnn}: {name} is feed-forward; a recurrent core is "
+                         "components.recurrent.RecurrentActorCritic (trainer=ppo), which model.rnn selects")
+
+
 class ActorCritic(nn.Module):
     """Policy and value networks over a vector or image-stack observation.
 
@@ -68,8 +74,13 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
         obs_norm: bool = False,
         obs_clip: float = 10.0,
+        rnn: str | None = None,
+        rnn_hidden: int = 128,
+        rnn_layers: int = 1,
     ) -> None:
+        """``rnn*``: every model config has them; a recurrent core is :class:`~components.recurrent.RecurrentActorCritic`."""
         super().__init__()
+        _feed_forward(type(self).__name__, rnn)
         self.spec = spec
         act = _ACTIVATIONS[activation]
         #: running observation normalisation (part of the weights; see components.normalization)
@@ -168,9 +179,13 @@ class QNetwork(nn.Module):
         init_log_std: float = 0.0,
         obs_norm: bool = False,
         obs_clip: float = 10.0,
+        rnn: str | None = None,
+        rnn_hidden: int = 128,
+        rnn_layers: int = 1,
     ) -> None:
-        """``init_log_std`` and ``obs_clip`` are accepted so every model config has the same keys."""
+        """``init_log_std``, ``obs_clip`` and ``rnn*`` are accepted so every model config has the same keys."""
         super().__init__()
+        _feed_forward(type(self).__name__, rnn)
         if obs_norm:
             raise ValueError("model.obs_norm=true: observation normalisation is implemented for actor-critics "
                              "(trainer=ppo), not for Q-networks")

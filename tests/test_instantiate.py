@@ -16,11 +16,9 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from components.envs import probe_env_spec
 from components.metrics import MetricsLogger
-from components.models import ModelSpec
 from tests.conftest import compose
 from tests.test_config import OPTIONS, option_overrides
 
@@ -58,12 +56,13 @@ def test_every_option_of_every_group_instantiates(group, option, tmp_path, monke
     finally:
         env.close()
 
-    # model, as pipeline/runner/run.py:build_parts builds it
-    model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model_kwargs, dict)
-    target = str(model_kwargs.pop("_target_"))
+    # model, as the runner builds it (model.rnn picks the recurrent actor-critic)
+    from pipeline.plan.model_spec import model_spec_for
+
+    spec = model_spec_for(cfg)
+    target = spec.target
     env_spec = probe_env_spec(factory)
-    model = ModelSpec(target, model_kwargs).build(env_spec)
+    model = spec.build(env_spec)
     assert type(model).__name__ == target.rpartition(".")[2]
     assert sum(p.numel() for p in model.parameters()) > 0
     device = str(cfg.device.policy_device)

@@ -166,7 +166,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         worker_ctx: Any = self._mp if g.workers == "process" else threading
         server_ctx: Any = self._mp if g.server == "process" else threading
         self._pool = ChunkPool(
-            transition_fields(self.env_spec.observation_field(), self.layout.response),
+            transition_fields(self.env_spec.observation_field(), self.layout.response, self.layout.state),
             rows=rows, chunk_len=g.chunk_len, chunks_per_worker=g.chunks_per_worker_for(self.frames_per_batch),
             # one copy per frame (see ChunkPool); concurrent envs fill rows in the order they return, not by step
             ctx=worker_ctx, stream=None if g.concurrent_envs else "observation",

@@ -36,6 +36,7 @@ from components.collector.chunks import ChunkWriter
 from components.collector.failures import FailureKind, NonFiniteStep
 from components.collector.env_block import NEXT_KEYS, EnvBlock
 from components.procname import set_name
+from components.recurrent_state import IS_FIRST
 from components.threads import report_pools
 from components.collector.worker_control import (BUILDING, EXITED, RUNNING, STEPPING, WAITING_ACTIONS, WAITING_TURN,
                                                  ActionChannel, Stopped, WorkerControl, acquire_chunk, await_response,
@@ -136,6 +137,15 @@ def _loop(
     #: brings its own randomness)
     noises = [BlockNoise(block.seeds, channel.request[NOISE_KEY].shape[1]) if NOISE_KEY in channel.request else None
               for block, channel in zip(blocks, channels)]
+    # A recurrent policy (components.recurrent): each env's state rides in its request and comes back as
+    # ``next.<leaf>``; the chunk records the state each step acted with and whether it was an episode's first.
+    state_keys = carried_state_keys(channels[0].request, response_keys)
+    recorded = (*state_keys, IS_FIRST) if state_keys else ()
+    for channel in channels:  # fresh envs start from zero state (a restarted worker's slot holds its predecessor's)
+        for key in recorded:
+            channel.request[key][:] = 0
+        if state_keys:
+            channel.request[IS_FIRST][:] = True
     # Lockstep (the driver set ``granted`` before the start): a block's request for turn k goes out only once
     # the driver has asked for k + 1 turns, so every step of a batch is served by the weights of that batch.
     granted = control.granted
@@ -169,7 +179,7 @@ def _loop(
     held: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
     chunk: dict[str, np.ndarray] | None = None
     cols: list[dict[str, np.ndarray]] = []
-    row_keys = ("observation", *response_keys, *NEXT_KEYS)
+    row_keys = ("observation", *recorded, *response_keys, *NEXT_KEYS)
     steps_down = np.arange(chunks.chunk_len, dtype=np.int64)[:, None]
     epoch = int(reset_epoch[0])
     t = 0
@@ -226,6 +236,8 @@ def _loop(
             block.check_actions(response["action"][:n])  # before the chunk copy: a wrong shape named, not numpy's
             for key in response_keys:
                 col[key][t] = response[key][:n]
+            for key in recorded:
+                col[key][t] = channel.request[key][:n]
             row = {key: col[key][t] for key in NEXT_KEYS}
             if streamed:
                 fresh = col["observation"][t + 1]
@@ -235,6 +247,8 @@ def _loop(
                 skipped = block.step(response["action"][:n], row, obs[i], truncate, actions_checked=True)
             if skipped:
                 timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
+            if state_keys:
+                carry_state(channel.request, response, state_keys, row["next.done"], n)
             activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
             if lockstep and taken + 1 >= granted[0]:
                 deferred[i] = True  # the last step asked for: the next request waits for the next batch's weights
@@ -254,10 +268,30 @@ def _loop(
             placed = [False] * len(blocks)
 
 
-def transition_fields(observation: FieldSpec, response: tuple[FieldSpec, ...]) -> list[FieldSpec]:
-    """Per-env fields of one stored transition: what acted, what came back, what followed."""
+def carried_state_keys(request: dict[str, np.ndarray], response_keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A recurrent policy's state leaves: the request keys that come back as ``next.<key>`` (none: feed-forward)."""
+    return tuple(k for k in request if f"next.{k}" in response_keys)
+
+
+def carry_state(request: dict[str, np.ndarray], response: dict[str, np.ndarray], keys: tuple[str, ...],
+                done: np.ndarray, n: int) -> None:
+    """The next request's state: the response's next state, zero (and ``is_first``) where the episode ended."""
+    ended = bool(done.any())
+    for key in keys:
+        target = request[key][:n]
+        target[:] = response[f"next.{key}"][:n]
+        if ended:
+            target[done] = 0.0
+    request[IS_FIRST][:n] = done
+
+
+def transition_fields(observation: FieldSpec, response: tuple[FieldSpec, ...],
+                      state: tuple[FieldSpec, ...] = ()) -> list[FieldSpec]:
+    """Per-env fields of one stored transition: what acted (with which recurrent state), what came back, what
+    followed."""
     return [
         observation,
+        *state,
         *response,
         FieldSpec("next.observation", observation.shape, observation.dtype),
         FieldSpec("next.reward", (), "float32"),

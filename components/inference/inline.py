@@ -175,8 +175,9 @@ class InlinePolicy:
         self.stats.record_weights(self.worker, self._version)
 
     def act(self, observation: np.ndarray, rows: int, mode: int,
-            noise: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Actions for ``observation[:rows]``; ``noise``: the rows' sampling noise (components.action_noise)."""
+            noise: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Actions for ``observation[:rows]``; ``noise``: the rows' sampling noise (components.action_noise);
+        ``extra``: more request fields (a recurrent policy's state leaves and episode-start flags)."""
         if self._engine is None:
             self._build()
         else:
@@ -196,6 +197,8 @@ class InlinePolicy:
                 inputs = {"observation": observation[first:first + n]}
                 if noise is not None:
                     inputs[NOISE_KEY] = noise[first:first + n]
+                for key, value in (extra or {}).items():
+                    inputs[key] = value[first:first + n]
                 out = self._engine.act(inputs, self._modes(n, mode))
                 parts.append({k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()})
             response = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -218,8 +221,11 @@ class InlinePolicy:
 class InlineChannel:
     """An action channel (``request``/``submit``/``wait``) answered in ``submit`` by the worker's own policy."""
 
-    def __init__(self, policy: InlinePolicy, rows: int, observation: FieldSpec, noise_width: int = 0) -> None:
+    def __init__(self, policy: InlinePolicy, rows: int, observation: FieldSpec, noise_width: int = 0,
+                 extra: tuple[FieldSpec, ...] = ()) -> None:
         self.policy, self.rows, self.observation, self.noise_width = policy, rows, observation, int(noise_width)
+        #: more request fields, written by the worker as into a slot (a recurrent policy's state, components.recurrent)
+        self.extra = tuple(extra)
         self.slot = None
         self._bind()
 
@@ -229,11 +235,13 @@ class InlineChannel:
         self._noise = None
         if self.noise_width:  # written by the worker before each submit, as into a slot
             self._noise = self.request[NOISE_KEY] = np.full((self.rows, self.noise_width), 0.5, np.float32)
+        self._extra = {e.name: np.zeros((self.rows, *e.shape), e.dtype) for e in self.extra}
+        self.request.update(self._extra)
         self._response: dict[str, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"policy": self.policy, "rows": self.rows, "observation": self.observation,
-                "noise_width": self.noise_width, "slot": None}
+                "noise_width": self.noise_width, "extra": self.extra, "slot": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -245,7 +253,7 @@ class InlineChannel:
     def submit(self, rows: int | None = None, mode: int | None = None, observation: np.ndarray | None = None) -> None:
         n = self.rows if rows is None else int(rows)
         where = self.request[self.observation.name] if observation is None else observation
-        self._response = self.policy.act(where, n, 0 if mode is None else int(mode), self._noise)
+        self._response = self.policy.act(where, n, 0 if mode is None else int(mode), self._noise, self._extra)
 
     def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         if self._response is None:
@@ -284,6 +292,9 @@ class InlineServer:
             self._engine = "numpy" if numpy_eligible(probe, "cpu") is None else "torch"
         self._recipe = numpy_recipe(probe) if self._engine == "numpy" else None
         self._noise_width = noise_width(probe)
+        from components.recurrent_state import state_fields, state_leaves
+
+        self._state_fields = tuple(state_fields(state_leaves(probe)))
         self._launches = [0] * num_workers
         self._started = self._stopped = False
         self._read_at = time.monotonic()
@@ -306,7 +317,8 @@ class InlineServer:
                                   int(self.config.seed or 0), self._launches[worker],
                                   max_batch_size=self.config.max_batch_size)
         self._launches[worker] += 1
-        return [InlineChannel(policy, max(split_sizes), observation, self._noise_width) for _ in split_sizes]
+        return [InlineChannel(policy, max(split_sizes), observation, self._noise_width, self._state_fields)
+                for _ in split_sizes]
 
     def start(self, timeout: float = 0.0) -> InlineServer:
         self._started = True

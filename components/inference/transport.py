@@ -57,6 +57,16 @@ class Layout:
     def response_keys(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.response)
 
+    @property
+    def state(self) -> tuple[FieldSpec, ...]:
+        """A recurrent policy's request fields that a chunk records per step: its state leaves (those that come
+        back as ``next.<leaf>``) and the episode-start flag; empty for a feed-forward policy."""
+        from components.recurrent_state import IS_FIRST
+
+        keys = set(self.response_keys)
+        carried = tuple(f for f in self.request if f"next.{f.name}" in keys)
+        return (*carried, *(f for f in self.request if f.name == IS_FIRST)) if carried else ()
+
 
 def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> Layout:
     """Request fields from the observation spec, response fields from one ``act`` pass.
@@ -72,6 +82,9 @@ def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> La
 
     from components.action_noise import NOISE_KEY, noise_width
 
+    from components.recurrent import IS_FIRST, state_leaves, zero_state
+    from components.recurrent_state import state_fields
+
     in_keys = tuple(getattr(model, "in_keys", ("observation",)))
     if in_keys != (observation.name,):
         raise ValueError(f"model inputs {in_keys} do not match the env's {observation.name!r}")
@@ -79,16 +92,22 @@ def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> La
     probe = torch.from_numpy(np.broadcast_to(first, (2, *observation.shape)).copy())
     reference = next(iter([*model.parameters(), *model.buffers()]), None)
     device = reference.device if reference is not None else torch.device("cpu")
+    leaves = state_leaves(model)
+    inputs = {observation.name: probe.to(device)}
+    if leaves:  # a recurrent model: its state leaves and the episode-start flag travel with every request
+        inputs.update(zero_state(model, 2, device))
+        inputs[IS_FIRST] = torch.ones(2, dtype=torch.bool, device=device)
     with torch.no_grad():
-        out = model.act({observation.name: probe.to(device)}, torch.zeros(2, dtype=torch.int8, device=device))
+        out = model.act(inputs, torch.zeros(2, dtype=torch.int8, device=device))
     response = [
         FieldSpec(key, tuple(value.shape[1:]), str(value.dtype).removeprefix("torch."))
         for key, value in out.items()
     ]
     response.append(FieldSpec(POLICY_VERSION, (), "int64"))
     width = noise_width(model)
-    request = (observation,) if not width else (observation, FieldSpec(NOISE_KEY, (width,), "float32"))
-    return Layout(request, tuple(response))
+    request = [observation] if not width else [observation, FieldSpec(NOISE_KEY, (width,), "float32")]
+    request += state_fields(leaves)
+    return Layout(tuple(request), tuple(response))
 
 
 class Pending(NamedTuple):

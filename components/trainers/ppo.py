@@ -29,8 +29,10 @@ import torch
 from torch import nn
 
 from components.normalization import RewardScaler
+from components.recurrent_state import state_leaves
 from components.trainers.base import check_finite, config_from
 from components.trainers.budget import RunBudget
+from components.trainers.sequences import split_sequences
 
 
 @dataclass
@@ -74,6 +76,9 @@ class PPOConfig(RunBudget):
     #: pause collection during each update, so the next batch is collected by the weights it trains
     #: (policy lag ~0, as in CleanRL's synchronous loop) instead of by the previous ones (lag 1)
     sync_collection: bool = False
+    #: a recurrent model (model.rnn) is trained on sequences of this many consecutive steps of one env
+    #: (truncated BPTT; each starts from the state recorded with its first step, see components/trainers/sequences.py)
+    seq_len: int = 16
 
 
 def gae(
@@ -171,7 +176,12 @@ class PPOTrainer:
             with torch.no_grad():
                 idx = torch.from_numpy(np.flatnonzero(cut))
                 obs = batch["next", "observation"][idx].to(self.device)
-                next_values[cut] = self.model.value(obs).double().cpu().numpy()
+                leaves = state_leaves(self.model)
+                if leaves:  # a recurrent model bootstraps from the state after the cut step (the response's)
+                    state = {k: batch["next", k][idx].to(self.device) for k in leaves}
+                    next_values[cut] = self.model.value(obs, state).double().cpu().numpy()
+                else:
+                    next_values[cut] = self.model.value(obs).double().cpu().numpy()
         rewards = batch["next", "reward"].numpy().astype(np.float64)
         if self.reward_scaler is not None:
             rewards = self.reward_scaler.scale(env, step, rewards, done)
@@ -217,31 +227,49 @@ class PPOTrainer:
         advantages, returns = advantages.to(self.device), returns.to(self.device)
 
         n = batch.numel()
-        mb_size = max(1, n // cfg.minibatches)
+        leaves = state_leaves(self.model)
+        if leaves:  # a recurrent model: minibatches of whole sequences, each from its recorded initial state
+            seqs = split_sequences(batch["env_index"].numpy(), batch["env_step"].numpy(),
+                                   batch["next", "done"].numpy(), cfg.seq_len)
+            places = seqs.mask.to(self.device)
+            starts = {k: batch[k][seqs.starts].to(self.device) for k in leaves}
+            per_place = [seqs.gather(x.cpu()).to(self.device)
+                         for x in (obs, actions, old_log_probs, old_values, advantages, returns)]
+            units = seqs.count
+        else:
+            units = n
+        mb_size = max(1, units // cfg.minibatches)
         clip_fracs, approx_kls = [], []
         pg_loss = v_loss = entropy_loss = torch.zeros(())
         grad_norm = torch.zeros(())
         for _ in range(cfg.epochs):
-            perm = torch.randperm(n, device=self.device)
-            for start in range(0, n - mb_size + 1, mb_size):
+            perm = torch.randperm(units, device=self.device)
+            for start in range(0, units - mb_size + 1, mb_size):
                 mb = perm[start : start + mb_size]
-                log_prob, entropy, value = self.model.evaluate(obs[mb], actions[mb])
-                log_ratio = log_prob - old_log_probs[mb]
+                if leaves:
+                    s_obs, s_act, s_lp, s_val, s_adv, s_ret = (x[mb] for x in per_place)
+                    real = places[mb]
+                    log_prob, entropy, value = (x[real] for x in self.model.evaluate_sequences(
+                        s_obs, s_act, {k: v[mb] for k, v in starts.items()}))
+                    mb_old_lp, mb_old_v, mb_adv, mb_ret = s_lp[real], s_val[real], s_adv[real], s_ret[real]
+                else:
+                    log_prob, entropy, value = self.model.evaluate(obs[mb], actions[mb])
+                    mb_old_lp, mb_old_v, mb_adv, mb_ret = old_log_probs[mb], old_values[mb], advantages[mb], returns[mb]
+                log_ratio = log_prob - mb_old_lp
                 ratio = log_ratio.exp()
                 with torch.no_grad():
                     approx_kls.append(((ratio - 1) - log_ratio).mean())
                     clip_fracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean())
-                mb_adv = advantages[mb]
                 if cfg.norm_adv and mb_adv.numel() > 1:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                 pg_loss = torch.max(
                     -mb_adv * ratio, -mb_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
                 ).mean()
                 if cfg.clip_vloss:
-                    v_clipped = old_values[mb] + (value - old_values[mb]).clamp(-cfg.clip_coef, cfg.clip_coef)
-                    v_loss = 0.5 * torch.max((value - returns[mb]) ** 2, (v_clipped - returns[mb]) ** 2).mean()
+                    v_clipped = mb_old_v + (value - mb_old_v).clamp(-cfg.clip_coef, cfg.clip_coef)
+                    v_loss = 0.5 * torch.max((value - mb_ret) ** 2, (v_clipped - mb_ret) ** 2).mean()
                 else:
-                    v_loss = 0.5 * ((value - returns[mb]) ** 2).mean()
+                    v_loss = 0.5 * ((value - mb_ret) ** 2).mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
                 self.optimizer.zero_grad(set_to_none=True)

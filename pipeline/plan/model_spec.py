@@ -8,6 +8,9 @@ from omegaconf import DictConfig
 
 from pipeline.plan.validate import ConfigError
 
+#: the model keys of a recurrent core (components.recurrent), given to a model only when model.rnn is set or it takes them
+RECURRENT_KEYS = ("rnn", "rnn_hidden", "rnn_layers")
+
 
 def model_spec_for(cfg: DictConfig) -> Any:
     """What every policy copy is rebuilt from (the server's, each inline worker's, the learner's, the probe's).
@@ -24,13 +27,22 @@ def model_spec_for(cfg: DictConfig) -> Any:
 
     from components.model_contract import accepted_kwargs
     from components.models import ModelSpec
-    from pipeline.plan.rules import NUMPY_MODELS
+    from pipeline.plan.rules import NUMPY_MODELS, RECURRENT_MODEL
     from pipeline.plan.schema import ModelSchema
 
     kwargs = OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True)
     assert isinstance(kwargs, dict)
     target = str(kwargs.pop("_target_"))
-    if target not in NUMPY_MODELS:
+    rnn = kwargs.get("rnn")
+    if target in NUMPY_MODELS:
+        if rnn is None:  # the built-in feed-forward networks take no recurrent keys
+            kwargs = {k: v for k, v in kwargs.items() if k not in RECURRENT_KEYS}
+        elif target == "components.models.QNetwork" or str(cfg.trainer.name) == "dqn":
+            raise ConfigError(f"model.rnn={rnn}: a recurrent model is trained by trainer=ppo only "
+                              "(trainer=dqn with a recurrent Q-network is not supported)")
+        else:
+            target = RECURRENT_MODEL
+    if target not in NUMPY_MODELS and target != RECURRENT_MODEL:
         module, _, name = target.rpartition(".")
         try:
             cls = getattr(importlib.import_module(module), name)
@@ -50,7 +62,7 @@ def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
     and server, in torch's words.
     """
     from components.model_contract import ModelContractError, check_model
-    from pipeline.plan.rules import NUMPY_MODELS
+    from pipeline.plan.rules import NUMPY_MODELS, RECURRENT_MODEL
 
     if str(cfg.trainer.name) == "dqn" and env_spec.action_kind != "discrete":
         kind = {"continuous": "continuous (Box)", "multi_discrete": "MultiDiscrete",
@@ -61,7 +73,7 @@ def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError, TypeError) as err:
         text = str(err).strip("'\"")
-        if model_spec.target not in NUMPY_MODELS:  # the user's class: its own words, named
+        if model_spec.target not in (*NUMPY_MODELS, RECURRENT_MODEL):  # the user's class: its own words, named
             raise ConfigError(f"model._target_={model_spec.target!r}: {type(err).__name__}: {text}") from None
         raise ConfigError(text if text.startswith("model.") else f"model.encoder={str(cfg.model.encoder)!r}: {text}") \
             from None

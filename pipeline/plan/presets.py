@@ -89,7 +89,8 @@ def preset_choice(choices: Mapping[str, str], env_id: str, conf_dir: Path = CONF
 #: the env id each preset's ``target_return`` was measured on (``None``: no preset, the trainers' defaults,
 #: which are CartPole-v1's); for another id the run takes that id's own ``reward_threshold`` instead
 TARGET_MEASURED_ON = {None: "CartPole-v1", "ppo_classic": "Pendulum-v1", "ppo_box2d": "LunarLander-v3",
-                      "dqn_box2d": "LunarLander-v3", "ppo_toy_text": "Taxi-v4"}
+                      "dqn_box2d": "LunarLander-v3", "ppo_toy_text": "Taxi-v4",
+                      "ppo_no_velocity": "CartPole-v1"}
 
 
 def _user_set(overrides: list[str], key: str) -> bool:

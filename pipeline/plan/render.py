@@ -40,6 +40,8 @@ def engine(choice: Choice[str]) -> str:
                "auto.torch_encoder": f"encoder {f.get('encoder')}",
                "auto.torch_spaces": f"the env's {f.get('spaces')} have no numpy engine",
                "auto.torch_model": f"{f.get('model')} has no numpy copy"}[choice.code]
+        if f.get("model") == "components.recurrent.RecurrentActorCritic":
+            why = "a recurrent core (model.rnn) has no numpy copy"
         return f"auto -> torch: {why}"
     return str(choice.value)
 
@@ -264,6 +266,15 @@ def masks(choice: Choice[str]) -> str:
             f"{use}")
 
 
+def memory(choice: Choice[str]) -> str:
+    f = choice.facts
+    seq = f" trainer.seq_len={f['seq_len']} steps per BPTT sequence;" if f.get("seq_len") else ""
+    return (f"{choice.value} core, {f['layers']} x {f['hidden']}: {f['state_bytes']:,} B of state per env, carried "
+            f"in each request (with is_first) and back in each response (+{f['slot_bytes']:,} B per slot); each chunk "
+            f"row records the state acted with and the next one (+{f['row_bytes']:,} B a row, "
+            f"+{f['chunk_bytes']:,} B a chunk);{seq} workers.concurrent_envs off")
+
+
 def cluster(choice: Choice[Any]) -> str:
     return str(choice.facts["described"])
 
@@ -280,6 +291,7 @@ LINES: dict[str, Callable[[Choice], str]] = {
     "workers": workers, "cpus": cpus, "transport": transport, "server": server, "chunking": chunking,
     "device": devices, "replay": replay, "trainer": trainer, "collector": collector, "threads": threads,
     "preset": preset, "cluster": cluster, "tasks": tasks, "masks": masks, "mode": determinism,
+    "memory": memory,
 }
 
 

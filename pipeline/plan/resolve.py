@@ -91,8 +91,31 @@ class Plan:
 
 def serving_engine(cfg: DictConfig, policy_device: str, env_spec: Any = None) -> Choice[str]:
     """:func:`rules.serving_engine` for ``cfg`` (and the env's spaces, when known)."""
-    return rules.serving_engine(str(cfg.server.engine), str(cfg.model._target_), str(cfg.model.encoder), policy_device,
+    target = str(cfg.model._target_)
+    if recurrent_core(cfg) is not None and target in rules.NUMPY_MODELS:
+        target = rules.RECURRENT_MODEL
+    return rules.serving_engine(str(cfg.server.engine), target, str(cfg.model.encoder), policy_device,
                                 rules.numpy_spaces(env_spec))
+
+
+def recurrent_core(cfg: DictConfig) -> str | None:
+    """``model.rnn`` (lstm, gru) or None: a feed-forward model."""
+    rnn = OmegaConf.select(cfg, "model.rnn", default=None)
+    return None if rnn is None else str(rnn)
+
+
+def _recurrent(cfg: DictConfig, per_worker: int, chunk_len: int) -> Choice[str]:
+    """The plan line of a recurrent core: its state per env, and what that adds to slots and chunks."""
+    kind = str(recurrent_core(cfg))
+    hidden, layers = int(cfg.model.rnn_hidden), int(cfg.model.rnn_layers)
+    leaves = 2 if kind == "lstm" else 1
+    state_bytes = leaves * layers * hidden * 4
+    return Choice(kind, "recurrent", {
+        "hidden": hidden, "layers": layers, "state_bytes": state_bytes,
+        # request: the state and is_first; response: the next state; chunk row: both states and is_first
+        "slot_bytes": per_worker * (2 * state_bytes + 1), "row_bytes": 2 * state_bytes + 1,
+        "chunk_bytes": per_worker * chunk_len * (2 * state_bytes + 1),
+        "seq_len": OmegaConf.select(cfg, "trainer.seq_len", default=None)})
 
 
 def _frame_dedup(cfg: DictConfig, env_spec: Any) -> Choice[bool | None]:
@@ -214,8 +237,12 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     shareable = policy_device == "cpu" or policy_device.startswith("cuda")
     asked_splits = splits = int(cfg.workers.splits)
     deterministic = bool(OmegaConf.select(cfg, "deterministic", default=False))
-    # lockstep collection needs blocks that step together
-    asked_concurrent = "false" if deterministic else str(cfg.workers.concurrent_envs).lower()
+    recurrent = recurrent_core(cfg)
+    # lockstep collection needs blocks that step together; a recurrent state is carried by the block loop
+    asked_concurrent = "false" if deterministic or recurrent else str(cfg.workers.concurrent_envs).lower()
+    if recurrent and str(cfg.workers.concurrent_envs).lower() == "true":
+        raise ConfigError(f"workers.concurrent_envs=true: a recurrent policy (model.rnn={recurrent}) is served "
+                          "block by block; use workers.concurrent_envs=auto or false")
     # Without a measurement, envs step concurrently only when asked to.
     concurrent = asked_concurrent == "true"
     chosen: Any = None
@@ -285,6 +312,8 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
     if env_spec is not None and getattr(env_spec, "action_mask", None):
         choices.append(("masks", Choice(str(env_spec.action_mask), str(env_spec.action_mask_source or "obs"),
                                         {"trainer": str(cfg.trainer.name)})))
+    if recurrent:
+        choices.append(("memory", _recurrent(cfg, min(per_worker, num_envs), chunking.value)))
     if machine.total_cpus is not None:
         choices.append(("cpus", Choice(machine.cpus, "sweep_share",
                                        {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))

@@ -18,6 +18,8 @@ from pipeline.plan.choice import Choice
 
 #: Models the numpy serving engine has a copy of (with an MLP encoder).
 NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
+#: the built-in actor-critic with a recurrent core (``model.rnn``): what ``model._target_`` ActorCritic becomes
+RECURRENT_MODEL = "components.recurrent.RecurrentActorCritic"
 
 #: Fewest transitions per message that chunking=auto gives process workers and Ray hosts:
 #: below that the driver's per-message work competes with training.

@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from components.kinds import (Activation, ChunkingMode, Direction, Encoder, EngineKind, RayScheduling, ReplayKind,
+from components.kinds import (Activation, RecurrentCore, ChunkingMode, Direction, Encoder, EngineKind, RayScheduling, ReplayKind,
                               ReplayStorage, ServerKind, TransportKind, WandbMode, WorkerKind, WorkersBackend)
 from components.trainers.dqn import DQNConfig
 from components.trainers.ppo import PPOConfig
@@ -58,6 +58,13 @@ class ModelSchema:
     obs_clip: float = 10.0
     #: hidden-layer activation: tanh or relu
     activation: Activation = Activation.tanh
+    #: a recurrent core between the encoder and the heads: lstm or gru (null: feed-forward); PPO trains it on
+    #: trainer.seq_len-step sequences, each env's state travelling with its requests (components/recurrent.py)
+    rnn: RecurrentCore | None = None
+    #: units of each recurrent layer
+    rnn_hidden: int = 128
+    #: stacked recurrent layers
+    rnn_layers: int = 1
 
 
 @dataclass

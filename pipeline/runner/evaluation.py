@@ -26,6 +26,7 @@ import torch
 from components.envs import EnvSpec
 from components.interaction import InteractionMode
 from components.obs_tree import pack
+from components.recurrent import zero_state
 
 #: Seeds of eval envs start here, far from the training envs' (derived from the run seed).
 EVAL_SEED_OFFSET = 1_000_003
@@ -140,9 +141,13 @@ class Evaluator:
         space = self._envs[0].action_space
         low, high = getattr(space, "low", None), getattr(space, "high", None)
         steps = 0
+        # a recurrent policy (components.recurrent): every episode starts from zero state, carried step to step
+        state = zero_state(self.model, self.episodes)
         while live.any() and steps < self.max_steps:
             with torch.no_grad():
-                actions = self.model.act({"observation": torch.as_tensor(obs)}, modes)["action"].numpy()
+                out = self.model.act({"observation": torch.as_tensor(obs), **state}, modes)
+                actions = out["action"].numpy()
+                state = {k: out[f"next.{k}"] for k in state}
             for i in np.flatnonzero(live):
                 action = actions[i]
                 if low is not None:
