@@ -21,6 +21,21 @@ def test_the_reference_gets_the_pipelines_hyper_parameters():
     assert cartpole["--normalize"] == "0" and cartpole["--gamma"] == "0.98"
 
 
+def test_a_recurrent_case_runs_the_recurrent_reference_with_the_same_core_and_hidden_velocities():
+    from pipeline.bench.learn import reference_module
+
+    cfg = _compose(SUITE["cartpole_novel"].overrides)
+    args = reference_args(cfg)
+    assert reference_module(cfg) == "pipeline.bench.reference_rppo"
+    assert args.count("--normalize") == 1
+    flags = dict(zip(args[::2], args[1::2]))
+    assert (flags["--rnn"], flags["--rnn-hidden"], flags["--no-velocity"]) == ("lstm", str(cfg.model.rnn_hidden), "1")
+    assert flags["--normalize"] == str(int(cfg.model.obs_norm)) and flags["--activation"] == str(cfg.model.activation)
+    feed_forward = _compose(SUITE["cartpole_novel_ff"].overrides)
+    assert reference_module(feed_forward) == "pipeline.bench.reference_ppo" and "--rnn" not in reference_args(feed_forward)
+    assert not SUITE["cartpole_novel_ff"].has_reference  # reference_ppo cannot hide velocities
+
+
 def test_a_run_is_read_for_final_best_eval_and_the_first_frame_at_target(tmp_path):
     rows = [{"frames": 100, "time": 1.0, "episode/return_mean": 10.0},
             {"frames": 200, "time": 2.0, "episode/return_mean": 60.0},

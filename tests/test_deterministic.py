@@ -24,6 +24,10 @@ CASES = {
                                            "transport=slots", "env.envs_per_worker=4"],
     "ppo-process-workers-inline-policy": ["trainer.total_frames=6144", "workers=process", "server=inline",
                                           "env.envs_per_worker=4"],
+    # an LSTM (env=no_velocity's preset): states carried through lockstep batches, the evaluation's from zero
+    "ppo-lstm-process-workers-process-server": ["env=no_velocity", "trainer.total_frames=4096", "workers=process",
+                                                "server=process", "transport=slots", "env.envs_per_worker=4",
+                                                "trainer.eval_interval=2048", "trainer.eval_episodes=2"],
     "dqn-thread-workers": ["trainer=dqn", "replay=uniform", "trainer.total_frames=4096",
                            "trainer.learning_starts=512", "trainer.updates_per_batch=8", "workers=thread"],
     # greedy evaluation every 2048 frames: its rows are the same too

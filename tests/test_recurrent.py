@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import defaultdict
@@ -199,3 +200,36 @@ def test_sequence_minibatches_hold_whole_sequences_and_gae_is_the_unsplit_one():
     whole = gae(rewards, values, np.zeros(60), done, follows & ~done, 0.99, 0.95)
     per_place = seqs.gather(torch.from_numpy(whole))
     assert torch.equal(per_place[seqs.mask], torch.from_numpy(whole)[rows])
+
+
+@pytest.mark.timeout(300)
+def test_an_lstm_run_trains_end_to_end_and_resumes_with_fresh_zero_state_envs(tmp_path):
+    from tests.conftest import run_pipeline
+
+    run_dir = tmp_path / "run"
+    common = ["logger=jsonl", "progress=false", "trainer.target_return=null", "workers=process", "server=process",
+              "transport=slots", "env.envs_per_worker=4", "trainer.eval_interval=1024", "trainer.eval_episodes=2"]
+    proc = run_pipeline(["env=no_velocity", "trainer.total_frames=2048", *common, f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "memory    lstm core, 1 x 64: 512 B of state per env" in proc.stdout
+    assert "engine auto -> torch: a recurrent core (model.rnn) has no numpy copy" in proc.stdout
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert "core.weight_hh_l0" in checkpoint["model"] and checkpoint["frames"] == 2048
+    proc = run_pipeline([f"resume={run_dir}", "trainer.total_frames=3072", "progress=false"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summaries = [r["summary"] for r in rows if "summary" in r]
+    assert summaries[-1]["frames"] == 3072 and np.isfinite(summaries[-1]["eval/return_mean"])
+    losses = [r["train/value_loss"] for r in rows if "train/value_loss" in r]
+    assert losses and all(np.isfinite(losses))
+
+
+def test_a_recurrent_model_with_dqn_or_concurrent_envs_is_one_config_line(tmp_path):
+    from tests.conftest import run_pipeline
+
+    for args, words in ((["trainer=dqn", "replay=uniform", "model.rnn=lstm"], "trainer=dqn with a recurrent"),
+                        (["env=no_velocity", "workers.concurrent_envs=true"], "is served block by block")):
+        proc = run_pipeline([*args, "logger=jsonl"], cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-1000:]
+        assert len(proc.stderr.strip().splitlines()) == 1

@@ -37,6 +37,8 @@ class Case:
     env_id: str
     notes: str = ""
     extra: list[str] = field(default_factory=list)
+    #: whether a reference runs the same settings (none hides velocities without a recurrent core)
+    has_reference: bool = True
 
 
 SUITE: dict[str, Case] = {
@@ -45,6 +47,11 @@ SUITE: dict[str, Case] = {
     "pendulum": Case(["env=classic"], 1_000_000, -300.0, "Pendulum-v1", "specialize/ppo_classic.yaml"),
     "lunarlander": Case(["env=box2d"], 1_000_000, 200.0, "LunarLander-v3", "specialize/ppo_box2d.yaml"),
     "halfcheetah": Case(["env=mujoco"], 1_000_000, None, "HalfCheetah-v5", "specialize/ppo_mujoco.yaml"),
+    # CartPole with its velocities hidden: an LSTM (specialize/ppo_no_velocity.yaml) against the recurrent
+    # reference, and the same settings without the recurrent core (it sees a still picture: far below)
+    "cartpole_novel": Case(["env=no_velocity"], 300_000, 475.0, "CartPole-v1", "specialize/ppo_no_velocity.yaml"),
+    "cartpole_novel_ff": Case(["env=no_velocity", "model.rnn=null"], 300_000, 475.0, "CartPole-v1",
+                              "specialize/ppo_no_velocity.yaml with model.rnn=null", has_reference=False),
 }
 
 
@@ -66,8 +73,25 @@ def reference_args(cfg: Any) -> list[str]:
             "--minibatches", str(t.minibatches), "--epochs", str(t.epochs), "--clip-coef", str(t.clip_coef),
             "--clip-vloss", str(int(t.clip_vloss)), "--ent-coef", str(t.ent_coef), "--vf-coef", str(t.vf_coef),
             "--max-grad-norm", str(t.max_grad_norm),
-            "--normalize", str(int(bool(m.get("obs_norm", False)) or bool(t.get("reward_scale", False)))),
-            "--hidden", str(int(m.hidden[0]))]
+            *(() if m.get("rnn") is not None else  # the recurrent reference takes the two apart (recurrent_args)
+              ("--normalize", str(int(bool(m.get("obs_norm", False)) or bool(t.get("reward_scale", False)))))),
+            "--hidden", str(int(m.hidden[0]))] + recurrent_args(cfg)
+
+
+def recurrent_args(cfg: Any) -> list[str]:
+    """The recurrent reference's extra flags (none for a feed-forward model)."""
+    m = cfg.model
+    if m.get("rnn") is None:
+        return []
+    return ["--rnn", str(m.rnn), "--rnn-hidden", str(int(m.rnn_hidden)), "--rnn-layers", str(int(m.rnn_layers)),
+            "--no-velocity", str(int(str(cfg.env.name) == "no_velocity")), "--activation", str(m.activation),
+            "--normalize", str(int(bool(m.get("obs_norm", False)))),
+            "--reward-scale", str(int(bool(cfg.trainer.get("reward_scale", False))))]
+
+
+def reference_module(cfg: Any) -> str:
+    """The CleanRL-style reference with the same model kind: recurrent PPO for a model.rnn, else plain PPO."""
+    return "pipeline.bench.reference_rppo" if cfg.model.get("rnn") is not None else "pipeline.bench.reference_ppo"
 
 
 def read_run(run_dir: Path, target: float | None) -> dict[str, float | None]:
@@ -116,12 +140,13 @@ def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference
     results["ours"] = read_run(ours_dir, case.target)
     print(f"  {name} seed {seed} pipeline: {time.monotonic() - started:.0f} s, final "
           f"{_fmt(results['ours']['final'])}, eval {_fmt(results['ours']['eval'])}", flush=True)
-    if reference:
+    if reference and case.has_reference:
         ref_dir = out / name / f"reference-seed{seed}"
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "pipeline.bench.reference_ppo", "--env-id", case.env_id,
+        cfg = _compose(overrides)
+        done = subprocess.run([sys.executable, "-m", reference_module(cfg), "--env-id", case.env_id,
                                "--seed", str(seed), "--total-frames", str(frames),
-                               *reference_args(_compose(overrides)), "--out", str(ref_dir)],
+                               *reference_args(cfg), "--out", str(ref_dir)],
                               cwd=out, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{name} seed {seed} (reference) exited {done.returncode}: {done.stderr.strip()[-500:]}")
