@@ -61,13 +61,55 @@ def zero_state(model: Any, rows: int, device: Any = "cpu") -> dict[str, torch.Te
     return {k: torch.zeros((rows, *shape), device=device) for k, shape in state_leaves(model).items()}
 
 
-class RecurrentActorCritic(nn.Module):
-    """An encoder, an LSTM or GRU core, and actor and critic heads over the core's output.
+class RecurrentTrunk(nn.Module):
+    """An encoder and a recurrent core whose state is the leaves ``<prefix>_h`` (and ``<prefix>_c`` for an LSTM).
 
-    The layout of CleanRL's ``ppo_atari_lstm.py``: one trunk (the MLP or
-    the Nature CNN, then the recurrent core) shared by both heads. Built for
-    ``model.rnn=lstm|gru``; every other ``model.*`` key means what it means
-    for :class:`~components.models.ActorCritic`.
+    Rows enter as ``[rows, features]`` with their state leaves ``[rows,
+    layers, hidden]`` (the layout a request row carries) or as ``[steps,
+    sequences, features]`` from each sequence's initial state.
+    """
+
+    def __init__(self, encoder: nn.Module, core_in: int, rnn: str, hidden: int, layers: int, prefix: str) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.rnn_kind = rnn
+        self.core = (nn.LSTM if rnn == "lstm" else nn.GRU)(core_in, hidden, num_layers=layers)
+        for name, param in self.core.named_parameters():  # CleanRL's LSTM init
+            if "bias" in name:
+                nn.init.constant_(param, 0.0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.keys = (f"{prefix}_h", f"{prefix}_c") if rnn == "lstm" else (f"{prefix}_h",)
+        self.leaves = {key: (layers, hidden) for key in self.keys}
+
+    def _core_state(self, state: Mapping[str, torch.Tensor], keep: torch.Tensor | None) -> Any:
+        """Rows' leaves ``[rows, layers, hidden]`` as the core takes them (``[layers, rows, hidden]``)."""
+        parts = []
+        for key in self.keys:
+            value = state[key].to(torch.float32)
+            if keep is not None:
+                value = value * keep.reshape(-1, 1, 1)
+            parts.append(value.transpose(0, 1).contiguous())
+        return tuple(parts) if self.rnn_kind == "lstm" else parts[0]
+
+    def forward(self, x: torch.Tensor, state: Mapping[str, torch.Tensor],
+                keep: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The core's outputs for ``x`` (``[steps, rows, features]``) and its state after the last step, per row."""
+        out, last = self.core(self.encoder(x), self._core_state(state, keep))
+        parts = last if self.rnn_kind == "lstm" else (last,)
+        return out, {key: part.transpose(0, 1).contiguous() for key, part in zip(self.keys, parts)}
+
+
+class RecurrentActorCritic(nn.Module):
+    """Actor and critic heads over recurrent trunks: separate ones with the MLP encoder, one shared with the CNN.
+
+    The same split as :class:`~components.models.ActorCritic`: with
+    ``encoder="mlp"`` the actor and the critic each have an MLP and a core
+    (the RL Zoo's RecurrentPPO default, ``enable_critic_lstm``: the value
+    loss does not shape the actor's memory); with ``encoder="nature_cnn"``
+    one CNN and one core feed both heads (CleanRL's ``ppo_atari_lstm.py``).
+    Built for ``model.rnn=lstm|gru``; every other ``model.*`` key means what
+    it means for the feed-forward model.
 
     Examples:
         >>> spec = EnvSpec((2,), "float32", "discrete", action_n=2)
@@ -76,7 +118,7 @@ class RecurrentActorCritic(nn.Module):
         >>> out = model.act({"observation": torch.zeros(3, 2), **state, "is_first": torch.ones(3, dtype=torch.bool)},
         ...                 torch.zeros(3, dtype=torch.int8))
         >>> sorted(out), tuple(out["next.recurrent_state_h"].shape)
-        (['action', 'next.recurrent_state_h', 'sample_log_prob', 'state_value'], (3, 1, 4))
+        (['action', 'next.critic_state_h', 'next.recurrent_state_h', 'sample_log_prob', 'state_value'], (3, 1, 4))
     """
 
     in_keys = ("observation",)
@@ -101,7 +143,6 @@ class RecurrentActorCritic(nn.Module):
         if rnn_hidden < 1 or rnn_layers < 1:
             raise ValueError(f"model.rnn_hidden={rnn_hidden}, model.rnn_layers={rnn_layers}: both must be >= 1")
         self.spec = spec
-        self.rnn_kind = rnn
         act = ACTIVATIONS[activation]
         self.head: nn.Module = head_for(spec, init_log_std)
         self.inputs = ObservationInput(spec, features)
@@ -111,69 +152,58 @@ class RecurrentActorCritic(nn.Module):
                 raise ValueError("obs_norm applies to vector observations (encoder mlp); images are scaled by /255")
             if len(spec.obs_shape) != 3:
                 raise ValueError(f"nature_cnn needs [C, H, W] observations, got shape {spec.obs_shape}")
-            self.shared: nn.Module | None = NatureCNN(spec.obs_shape[0], spec.obs_shape[1], features)
-            self.encoder: nn.Module = nn.Identity()
-            core_in = features
-        elif encoder in ("mlp", "nature_cnn"):
+            cnn = _Frames(NatureCNN(spec.obs_shape[0], spec.obs_shape[1], features))
+            self.actor_trunk = RecurrentTrunk(cnn, features, rnn, rnn_hidden, rnn_layers, "recurrent_state")
+            self.critic_trunk: RecurrentTrunk | None = None
+            self._frames = True  # the trunk's CNN takes the uint8 frames as they are
+        elif encoder in ("mlp", "nature_cnn"):  # a tree's images have their CNN in the inputs
             if obs_norm:
                 if spec.is_tree or spec.categorical_obs:
                     raise ValueError("model.obs_norm=true needs a vector observation")
                 self.obs_norm = RunningNorm((self.inputs.out_dim,), clip=obs_clip)
-            self.shared = None
             hidden = tuple(hidden)
-            self.encoder = mlp(self.inputs.out_dim, hidden, act) if hidden else nn.Identity()
             core_in = hidden[-1] if hidden else self.inputs.out_dim
+
+            def trunk(prefix: str) -> RecurrentTrunk:
+                body = mlp(self.inputs.out_dim, hidden, act) if hidden else nn.Identity()
+                return RecurrentTrunk(body, core_in, rnn, rnn_hidden, rnn_layers, prefix)
+
+            self.actor_trunk = trunk("recurrent_state")
+            self.critic_trunk = trunk("critic_state")
+            self._frames = False
         else:
             raise ValueError(f"unknown encoder {encoder!r} (allowed: mlp, nature_cnn)")
-        core = nn.LSTM if rnn == "lstm" else nn.GRU
-        self.core = core(core_in, rnn_hidden, num_layers=rnn_layers)
-        for name, param in self.core.named_parameters():  # CleanRL's LSTM init
-            if "bias" in name:
-                nn.init.constant_(param, 0.0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
         self.actor = layer_init(nn.Linear(rnn_hidden, self.head.dim), 0.01)
         self.critic = layer_init(nn.Linear(rnn_hidden, 1), 1.0)
-        shape = (rnn_layers, rnn_hidden)
         #: the state leaves each env's requests carry (see the module docstring)
-        self.recurrent_state: dict[str, tuple[int, ...]] = (
-            {"recurrent_state_h": shape, "recurrent_state_c": shape} if rnn == "lstm" else {"recurrent_state_h": shape})
+        self.recurrent_state: dict[str, tuple[int, ...]] = {
+            **self.actor_trunk.leaves, **(self.critic_trunk.leaves if self.critic_trunk is not None else {})}
 
     # ----------------------------------------------------------------- pieces
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.shared is not None:
-            return self.shared(obs)
+    def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations as the trunks take them: the CNN's frames as they are, vectors encoded and normalised."""
+        if self._frames:
+            return obs
         x = self.inputs(obs)
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        return self.encoder(x)
+        return x if self.obs_norm is None else self.obs_norm(x)
 
-    def _core_state(self, state: Mapping[str, torch.Tensor], keep: torch.Tensor | None) -> Any:
-        """Rows' state leaves ``[rows, layers, hidden]`` as the core takes them (``[layers, rows, hidden]``)."""
-        def one(key: str) -> torch.Tensor:
-            value = state[key].to(torch.float32)
-            if keep is not None:
-                value = value * keep.reshape(-1, 1, 1)
-            return value.transpose(0, 1).contiguous()
-
-        if self.rnn_kind == "lstm":
-            return one("recurrent_state_h"), one("recurrent_state_c")
-        return one("recurrent_state_h")
-
-    def _state_rows(self, core_state: Any) -> dict[str, torch.Tensor]:
-        if self.rnn_kind == "lstm":
-            h, c = core_state
-            return {"recurrent_state_h": h.transpose(0, 1), "recurrent_state_c": c.transpose(0, 1)}
-        return {"recurrent_state_h": core_state.transpose(0, 1)}
+    def _run(self, x: torch.Tensor, state: Mapping[str, torch.Tensor], keep: torch.Tensor | None,
+             need_actor: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
+        """``x`` ``[steps, rows, ...]`` through the trunks: (actor outputs, values ``[steps, rows]``, next state)."""
+        out, nxt = self.actor_trunk(x, state, keep) if (need_actor or self.critic_trunk is None) else (None, {})
+        if self.critic_trunk is None:
+            assert out is not None
+            return out, self.critic(out).squeeze(-1), nxt
+        critic_out, critic_next = self.critic_trunk(x, state, keep)
+        return out, self.critic(critic_out).squeeze(-1), {**nxt, **critic_next}
 
     def _step(self, obs: torch.Tensor, state: Mapping[str, torch.Tensor],
-              is_first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """One step for a batch of rows: (distribution parameters, values, the core's next state)."""
+              is_first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One step for a batch of rows: (distribution parameters, values, next state leaves)."""
         keep = None if is_first is None else (~is_first.to(torch.bool)).to(torch.float32)
-        x = self._features(obs)
-        out, next_state = self.core(x.unsqueeze(0), self._core_state(state, keep))
-        y = out.squeeze(0)
-        return masked(self.actor(y), self.inputs.mask(obs)), self.critic(y).squeeze(-1), next_state
+        out, value, nxt = self._run(self._inputs(obs).unsqueeze(0), state, keep)
+        assert out is not None
+        return masked(self.actor(out.squeeze(0)), self.inputs.mask(obs)), value.squeeze(0), nxt
 
     # ------------------------------------------------------------- the contract
     @property
@@ -188,15 +218,16 @@ class RecurrentActorCritic(nn.Module):
         greedy = None if modes is None else modes != int(InteractionMode.RANDOM)
         action, log_prob = self.head.act(params, greedy, noise=inputs.get(NOISE_KEY))
         out = {"action": action, "sample_log_prob": log_prob, "state_value": value}
-        for key, rows in self._state_rows(next_state).items():
-            out["next." + key] = rows.contiguous()
+        for key, rows in next_state.items():
+            out["next." + key] = rows
         return out
 
     def value(self, obs: torch.Tensor, state: Mapping[str, torch.Tensor] | None = None,
               is_first: torch.Tensor | None = None) -> torch.Tensor:
         """Values of one step of ``obs`` from ``state`` (zero state when None)."""
         state = zero_state(self, obs.shape[0], obs.device) if state is None else state
-        return self._step(obs, state, is_first)[1]
+        keep = None if is_first is None else (~is_first.to(torch.bool)).to(torch.float32)
+        return self._run(self._inputs(obs).unsqueeze(0), state, keep, need_actor=False)[1].squeeze(0)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each row as the first step of an episode (zero state): the feed-forward contract's call, for checks."""
@@ -216,12 +247,24 @@ class RecurrentActorCritic(nn.Module):
         """
         s, t = obs.shape[:2]
         flat = obs.reshape(s * t, *obs.shape[2:])
-        x = self._features(flat).reshape(s, t, -1).transpose(0, 1)  # [steps, sequences, features]
+        x = self._inputs(flat)
+        x = x.reshape(s, t, *x.shape[1:]).transpose(0, 1)  # [steps, sequences, ...]
         keep = None if is_first is None else (~is_first[:, 0].to(torch.bool)).to(torch.float32)
-        out, _ = self.core(x, self._core_state(state, keep))
+        out, value, _ = self._run(x, state, keep)
+        assert out is not None
         y = out.transpose(0, 1).reshape(s * t, -1)
         params = masked(self.actor(y), self.inputs.mask(flat))
         log_prob, entropy = self.head.evaluate(params, action.reshape(s * t, *action.shape[2:]))
-        value = self.critic(y).squeeze(-1)
-        return log_prob.reshape(s, t), entropy.reshape(s, t), value.reshape(s, t)
+        return log_prob.reshape(s, t), entropy.reshape(s, t), value.transpose(0, 1)
 
+
+class _Frames(nn.Module):
+    """The Nature CNN over ``[steps, rows, C, H, W]`` frames: one pass over all of them, ``[steps, rows, features]`` out."""
+
+    def __init__(self, cnn: nn.Module) -> None:
+        super().__init__()
+        self.cnn = cnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps, rows = x.shape[:2]
+        return self.cnn(x.reshape(steps * rows, *x.shape[2:])).reshape(steps, rows, -1)

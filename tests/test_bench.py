@@ -191,3 +191,44 @@ def test_the_block_bench_times_an_env_block_and_the_hand_loop_on_the_same_steps(
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["2", "5"]
     assert all(float(row.split("|")[5]) > 0 for row in rows)
+
+
+def test_a_loop_policy_carries_each_rows_recurrent_state_and_restarts_it_where_an_episode_ended():
+    import numpy as np
+    import torch
+
+    from components.envs import EnvSpec
+    from components.inference.serving import serving_engine
+    from components.recurrent import RecurrentActorCritic, zero_state
+    from pipeline.bench.workload import LoopPolicy
+
+    torch.manual_seed(0)
+    model = RecurrentActorCritic(EnvSpec((3,), "float32", "discrete", action_n=2), hidden=(8,), rnn="lstm",
+                                 rnn_hidden=4).eval()
+    policy = LoopPolicy(serving_engine(model, "auto", "cpu", seed=0), rows=2)
+    modes = np.full(2, 2, np.int8)  # deterministic
+    obs = np.random.default_rng(0).standard_normal((3, 2, 3)).astype(np.float32)
+    state = zero_state(model, 2)
+    for t in range(3):
+        policy(obs[t], modes)
+        with torch.no_grad():
+            out = model.act({"observation": torch.from_numpy(obs[t]), **state}, torch.from_numpy(modes))
+        state = {k: out[f"next.{k}"] for k in state}
+        for key in state:
+            assert np.allclose(policy.state[key], state[key].numpy(), atol=1e-6)
+    policy.ended(np.array([True, False]))
+    assert all(not v[0].any() and v[1].any() for v in policy.state.values())
+    assert policy.is_first.tolist() == [True, False]
+
+
+@pytest.mark.timeout(240)
+def test_recurrent_variants_of_ours_and_the_loops_run_the_same_workload_with_an_lstm(tmp_path):
+    cfg = {"workload": WORKLOAD, "num_envs": 4, "repeats": 1, "warmup": 0.2, "seconds": 0.5,
+           "contenders": ["ours:process/slots/process/auto+lstm16", "bare_procs+lstm16", "gym_sync+lstm16"],
+           "sweep_envs": [], "sweep_contenders": [], "trial_timeout": 120}
+    report = run_bench(cfg, tmp_path, log=lambda line: None)
+    for name in cfg["contenders"]:
+        assert report["summary"][name]["4"]["ok"] == 1 and report["summary"][name]["4"]["median"] > 0, name
+    ours = next(t for t in report["trials"] if t["contender"].startswith("ours:"))
+    assert "model.rnn=lstm" in ours["command"] and "model.rnn_hidden=16" in ours["command"]
+    assert ours.get("predicted_fps") is None  # the limit's costs were probed with the feed-forward model

@@ -28,7 +28,7 @@ HAS_ALE = importlib.util.find_spec("ale_py") is not None
 def run_overrides(group: str, option: str) -> list[str]:
     """The overrides of ``tests/test_config.py`` plus what building the parts needs."""
     overrides = option_overrides(group, option)
-    if group == "model" and option == "nature_cnn":
+    if group == "model" and option in ("nature_cnn", "cnn_lstm"):
         overrides.append("env=atari")  # a CNN needs image observations
     return overrides
 

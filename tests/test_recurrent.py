@@ -212,10 +212,12 @@ def test_an_lstm_run_trains_end_to_end_and_resumes_with_fresh_zero_state_envs(tm
     proc = run_pipeline(["env=no_velocity", "trainer.total_frames=2048", *common, f"hydra.run.dir={run_dir}"],
                         cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "memory    lstm core, 1 x 64: 512 B of state per env" in proc.stdout
+    assert "memory    lstm core, 1 x 64 (the actor's and the critic's): 1,024 B of state per env" in proc.stdout
     assert "engine auto -> torch: a recurrent core (model.rnn) has no numpy copy" in proc.stdout
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert "core.weight_hh_l0" in checkpoint["model"] and checkpoint["frames"] == 2048
+    weights = checkpoint["model"]
+    assert "actor_trunk.core.weight_hh_l0" in weights and "critic_trunk.core.weight_hh_l0" in weights
+    assert checkpoint["frames"] == 2048
     proc = run_pipeline([f"resume={run_dir}", "trainer.total_frames=3072", "progress=false"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -65,3 +65,12 @@ def test_unsorted_rows_and_a_bad_length_are_refused():
         [True, True, True]
     empty = split_sequences(np.array([], np.int64), np.array([], np.int64), np.array([], bool), 4)
     assert empty.count == 0
+
+
+def test_without_a_length_each_trajectory_of_the_batch_is_one_sequence():
+    env = np.array([0, 0, 0, 0, 1, 1])
+    step = np.array([3, 4, 5, 6, 0, 1])
+    done = np.array([False, True, False, False, False, False])
+    s = split_sequences(env, step, done, seq_len=None)
+    assert s.index.tolist() == [[0, 1], [2, 3], [4, 5]] and s.mask.all()
+    assert split_sequences(env[:1], step[:1], done[:1], None).index.tolist() == [[0]]

@@ -76,9 +76,10 @@ class PPOConfig(RunBudget):
     #: pause collection during each update, so the next batch is collected by the weights it trains
     #: (policy lag ~0, as in CleanRL's synchronous loop) instead of by the previous ones (lag 1)
     sync_collection: bool = False
-    #: a recurrent model (model.rnn) is trained on sequences of this many consecutive steps of one env
-    #: (truncated BPTT; each starts from the state recorded with its first step, see components/trainers/sequences.py)
-    seq_len: int = 16
+    #: a recurrent model (model.rnn) is trained on sequences of at most this many consecutive steps of one env,
+    #: each from the state recorded with its first step (components/trainers/sequences.py); null: each env's whole
+    #: trajectories in the batch, as CleanRL's and the RL Zoo's recurrent PPO (a batch's steps per env at most)
+    seq_len: int | None = None
 
 
 def gae(

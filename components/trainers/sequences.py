@@ -54,8 +54,10 @@ def trajectory_starts(env: np.ndarray, step: np.ndarray, done: np.ndarray) -> np
     return starts
 
 
-def split_sequences(env: np.ndarray, step: np.ndarray, done: np.ndarray, seq_len: int) -> Sequences:
+def split_sequences(env: np.ndarray, step: np.ndarray, done: np.ndarray, seq_len: int | None) -> Sequences:
     """The sequences of a batch whose rows are sorted by (env, step) (``done``: the episode ended at that row).
+
+    ``seq_len`` None: each trajectory in the batch is one sequence (padded to the longest).
 
     Examples:
         >>> s = split_sequences(np.array([0, 0, 0, 1, 1]), np.array([5, 6, 7, 0, 1]),
@@ -63,7 +65,7 @@ def split_sequences(env: np.ndarray, step: np.ndarray, done: np.ndarray, seq_len
         >>> s.index.tolist(), s.mask.tolist(), s.starts.tolist()
         ([[0, 1], [2, 0], [3, 4]], [[True, True], [True, False], [True, True]], [0, 2, 3])
     """
-    if seq_len < 1:
+    if seq_len is not None and seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     env, step, done = np.asarray(env), np.asarray(step), np.asarray(done, bool)
     if len(env) and (np.any(env[1:] < env[:-1]) or np.any((env[1:] == env[:-1]) & (step[1:] <= step[:-1]))):
@@ -71,6 +73,8 @@ def split_sequences(env: np.ndarray, step: np.ndarray, done: np.ndarray, seq_len
     begins = trajectory_starts(env, step, done)
     trajectory = np.cumsum(begins) - 1  # which trajectory each row belongs to
     offset = np.arange(len(env)) - np.flatnonzero(begins)[trajectory]  # steps since its trajectory began
+    if seq_len is None:
+        seq_len = int(offset.max()) + 1 if len(env) else 1
     opens = (offset % seq_len) == 0  # a sequence opens at a trajectory start and every seq_len steps in
     sequence = np.cumsum(opens) - 1
     count = int(sequence[-1]) + 1 if len(env) else 0

@@ -50,26 +50,29 @@ def _loop(workload: dict[str, Any], rows: int, seed: int, index: int, counts: An
     from components.envs import probe_env_spec
     from components.lifecycle import become_child
     from components.threads import pin_pools, report_pools
-    from pipeline.bench.workload import act, engine, env_factory
+    from pipeline.bench.workload import LoopPolicy, engine, env_factory
 
     become_child(parent_pid)
     pin_pools(1)  # one loop per CPU: a pool per CPU in each would spin against the others
     factory = env_factory(workload)
     envs = [factory() for _ in range(rows)]
-    policy = engine(workload, probe_env_spec(factory))
+    policy = LoopPolicy(engine(workload, probe_env_spec(factory)), rows)
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     modes = np.zeros(rows, np.int8)
-    act(policy, obs, modes)  # the first call builds the engine's buffers
+    done = np.zeros(rows, bool)
+    policy(obs, modes)  # the first call builds the engine's buffers
     report_pools(f"bare-{index}")
     ready.set()
     frames = 0
     while not stop.value:
-        actions = act(policy, obs, modes)
+        actions = policy(obs, modes)
         for i, env in enumerate(envs):
             observation, _, terminated, truncated, _ = env.step(actions[i])
-            if terminated or truncated:
+            done[i] = terminated or truncated
+            if done[i]:
                 observation, _ = env.reset()
             obs[i] = observation
+        policy.ended(done)
         frames += rows
         counts[index] = frames  # one writer per slot: no lock
     for env in envs:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.bench.ours import run_ours, timed
-from pipeline.bench.workload import act, engine as workload_engine, env_factory, model_spec
+from pipeline.bench.workload import LoopPolicy, engine as workload_engine, env_factory, model_spec, recurrent_variant
 
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: BLAS/OpenMP/torch threads of every trial process and of what it starts (gymnasium's and TorchRL's
@@ -51,9 +51,12 @@ def _run_gym(kind: str, workload: dict[str, Any], num_envs: int, warmup: float, 
     try:
         state = {"obs": venv.reset(seed=0)[0]}
         modes = np.zeros(num_envs, np.int8)
+        policy = LoopPolicy(engine, num_envs)
 
         def step() -> int:
-            state["obs"] = venv.step(act(engine, state["obs"], modes))[0]
+            obs, _, terminated, truncated, _ = venv.step(policy(state["obs"], modes))
+            state["obs"] = obs
+            policy.ended(terminated | truncated)  # throughput is measured: the state restarts a step before the reset
             return num_envs
 
         frames, elapsed = timed(step, warmup, seconds)
@@ -154,7 +157,8 @@ def trial_main(spec: dict[str, Any], conn: Any) -> None:
     pin_pools(TRIAL_THREADS)
     report_pools("bench-trial")
     try:
-        name, workload = spec["contender"], spec["workload"]
+        # ``<contender>+lstm[N]``: the same contender with the workload's model given a recurrent core
+        name, workload = recurrent_variant(spec["contender"], spec["workload"])
         if name == "limit":
             result = measure_limit(workload, spec["num_envs"])
         elif name.startswith("ours:"):

@@ -94,8 +94,8 @@ def predicted_fps(contender: str, result: dict[str, Any], num_envs: int, costs: 
     from pipeline.plan.layout import Layout, predict
 
     graph = result.get("graph")
-    if not contender.startswith("ours:") or not graph or graph.get("workers") == "ray":
-        return None
+    if not contender.startswith("ours:") or not graph or graph.get("workers") == "ray" or "+" in contender:
+        return None  # a +lstm variant serves another model than the one the costs were probed with
     layout = Layout(graph["workers"], graph["server"], graph["envs_per_worker"], graph["splits"],
                     concurrent=bool(graph.get("concurrent_envs")))
     return predict(layout, costs, num_envs).predicted_fps

@@ -10,8 +10,9 @@ through the runner's own validation, probes and plan
 
 from __future__ import annotations
 
-import shlex
 import copy
+import re
+import shlex
 from functools import lru_cache
 from typing import Any
 
@@ -67,6 +68,61 @@ def engine(workload: dict[str, Any], env_spec: Any, device: str = "cpu") -> Any:
 
 
 def act(engine: Any, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:
-    """Actions of ``engine`` for a batch of observations, as numpy."""
+    """Actions of ``engine`` for a batch of observations, as numpy (a feed-forward policy)."""
     action = engine.act({"observation": obs}, modes)["action"]
     return action.numpy() if hasattr(action, "numpy") else action
+
+
+class LoopPolicy:
+    """A hand-written loop's policy: actions for a batch of observations, a recurrent state carried per row.
+
+    What a baseline loop must do to run a recurrent model as the collector
+    does: each row's state goes in with its observation, the next state comes
+    back and is kept, zeroed where that row's episode ended (``done``), with
+    ``is_first`` set there. A feed-forward model costs one dict lookup more
+    than :func:`act`.
+    """
+
+    def __init__(self, engine: Any, rows: int) -> None:
+        from components.recurrent_state import IS_FIRST, state_leaves
+
+        self.engine = engine
+        self._is_first_key = IS_FIRST
+        leaves = state_leaves(getattr(engine, "model", None))
+        self.state = {k: np.zeros((rows, *shape), np.float32) for k, shape in leaves.items()}
+        self.is_first = np.ones(rows, bool)
+
+    def __call__(self, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        if not self.state:
+            return act(self.engine, obs, modes)
+        out = self.engine.act({"observation": obs, **self.state, self._is_first_key: self.is_first}, modes)
+        for key, value in self.state.items():
+            value[:] = out[f"next.{key}"].numpy() if hasattr(out[f"next.{key}"], "numpy") else out[f"next.{key}"]
+        self.is_first[:] = False
+        action = out["action"]
+        return action.numpy() if hasattr(action, "numpy") else action
+
+    def ended(self, done: np.ndarray) -> None:
+        """Rows whose episode ended: their next step starts from zero state."""
+        if self.state and done.any():
+            for value in self.state.values():
+                value[done] = 0.0
+            self.is_first[done] = True
+
+
+#: a contender name's model suffix: ``+lstm``, ``+gru``, optionally with the core's width (``+lstm256``)
+_CORE_SUFFIX = re.compile(r"\+(lstm|gru)(\d+)?$")
+
+
+def recurrent_variant(name: str, workload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``ours:auto+lstm128`` -> ``ours:auto`` with the workload's model given that recurrent core (else unchanged).
+
+    Examples:
+        >>> recurrent_variant("bare_procs+lstm256", {"overrides": ["env=atari"]})[1]["overrides"]
+        ['env=atari', 'model.rnn=lstm', 'model.rnn_hidden=256']
+    """
+    found = _CORE_SUFFIX.search(name)
+    if not found:
+        return name, workload
+    extra = [f"model.rnn={found.group(1)}"] + ([f"model.rnn_hidden={found.group(2)}"] if found.group(2) else [])
+    return name[:found.start()], {**workload, "overrides": [*workload.get("overrides", []), *extra]}

@@ -268,8 +268,11 @@ def masks(choice: Choice[str]) -> str:
 
 def memory(choice: Choice[str]) -> str:
     f = choice.facts
-    seq = f" trainer.seq_len={f['seq_len']} steps per BPTT sequence;" if f.get("seq_len") else ""
-    return (f"{choice.value} core, {f['layers']} x {f['hidden']}: {f['state_bytes']:,} B of state per env, carried "
+    seq = (f" BPTT sequences of up to {f['seq_len']} steps (trainer.seq_len);" if f.get("seq_len")
+           else " BPTT over each env's whole trajectories in a batch (trainer.seq_len=null);")
+    trunks = "one trunk for both heads" if f["trunks"] == 1 else "the actor's and the critic's"
+    return (f"{choice.value} core, {f['layers']} x {f['hidden']} ({trunks}): {f['state_bytes']:,} B of state per env, "
+            "carried "
             f"in each request (with is_first) and back in each response (+{f['slot_bytes']:,} B per slot); each chunk "
             f"row records the state acted with and the next one (+{f['row_bytes']:,} B a row, "
             f"+{f['chunk_bytes']:,} B a chunk);{seq} workers.concurrent_envs off")

@@ -104,14 +104,16 @@ def recurrent_core(cfg: DictConfig) -> str | None:
     return None if rnn is None else str(rnn)
 
 
-def _recurrent(cfg: DictConfig, per_worker: int, chunk_len: int) -> Choice[str]:
+def _recurrent(cfg: DictConfig, per_worker: int, chunk_len: int, env_spec: Any) -> Choice[str]:
     """The plan line of a recurrent core: its state per env, and what that adds to slots and chunks."""
     kind = str(recurrent_core(cfg))
     hidden, layers = int(cfg.model.rnn_hidden), int(cfg.model.rnn_layers)
-    leaves = 2 if kind == "lstm" else 1
-    state_bytes = leaves * layers * hidden * 4
+    # components.recurrent: one trunk shared by both heads over image frames, an actor's and a critic's otherwise
+    shared = str(cfg.model.encoder) == "nature_cnn" and not getattr(env_spec, "is_tree", False)
+    trunks = 1 if shared else 2
+    state_bytes = trunks * (2 if kind == "lstm" else 1) * layers * hidden * 4
     return Choice(kind, "recurrent", {
-        "hidden": hidden, "layers": layers, "state_bytes": state_bytes,
+        "hidden": hidden, "layers": layers, "state_bytes": state_bytes, "trunks": trunks,
         # request: the state and is_first; response: the next state; chunk row: both states and is_first
         "slot_bytes": per_worker * (2 * state_bytes + 1), "row_bytes": 2 * state_bytes + 1,
         "chunk_bytes": per_worker * chunk_len * (2 * state_bytes + 1),
@@ -313,7 +315,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         choices.append(("masks", Choice(str(env_spec.action_mask), str(env_spec.action_mask_source or "obs"),
                                         {"trainer": str(cfg.trainer.name)})))
     if recurrent:
-        choices.append(("memory", _recurrent(cfg, min(per_worker, num_envs), chunking.value)))
+        choices.append(("memory", _recurrent(cfg, min(per_worker, num_envs), chunking.value, env_spec)))
     if machine.total_cpus is not None:
         choices.append(("cpus", Choice(machine.cpus, "sweep_share",
                                        {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))

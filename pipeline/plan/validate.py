@@ -314,6 +314,12 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
         _check(cfg, "trainer.clip_coef", lambda v: v > 0, "> 0")
         for key in ("ent_coef", "vf_coef"):
             _check(cfg, f"trainer.{key}", *non_negative)
+        if get("trainer.seq_len") is not None:
+            _check(cfg, "trainer.seq_len", lambda v: v >= 1, ">= 1 (or null: whole trajectories)")
+        if get("model.rnn") is not None and get("model.rnn_hidden") < 1:
+            raise ConfigError(f"model.rnn_hidden={get('model.rnn_hidden')}: must be >= 1")
+        if get("model.rnn") is not None and get("model.rnn_layers") < 1:
+            raise ConfigError(f"model.rnn_layers={get('model.rnn_layers')}: must be >= 1")
         minibatches = get("trainer.minibatches")
         if minibatches > frames_per_batch:
             raise ConfigError(f"trainer.minibatches={minibatches}: must be <= trainer.frames_per_batch={frames_per_batch}")
