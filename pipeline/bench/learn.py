@@ -86,7 +86,9 @@ def recurrent_args(cfg: Any) -> list[str]:
     return ["--rnn", str(m.rnn), "--rnn-hidden", str(int(m.rnn_hidden)), "--rnn-layers", str(int(m.rnn_layers)),
             "--no-velocity", str(int(str(cfg.env.name) == "no_velocity")), "--activation", str(m.activation),
             "--normalize", str(int(bool(m.get("obs_norm", False)))),
-            "--reward-scale", str(int(bool(cfg.trainer.get("reward_scale", False))))]
+            "--reward-scale", str(int(bool(cfg.trainer.get("reward_scale", False)))),
+            # the pipeline's MLP-encoder recurrent model gives the critic its own trunk (components.recurrent)
+            "--critic-trunk", str(int(str(m.encoder) == "mlp"))]
 
 
 def reference_module(cfg: Any) -> str:

@@ -6,7 +6,9 @@ cases a feed-forward policy cannot solve: envs whose velocities are hidden
 where only a policy with memory can infer motion from consecutive frames.
 One synchronous loop in the spirit of CleanRL's ``ppo_atari_lstm.py``, but
 for vector observations and written for this repository: an MLP encoder
-feeding an LSTM or GRU, actor and critic heads on its output; the recurrent
+feeding an LSTM or GRU, actor and critic heads on its output (with
+``--critic-trunk 1`` the critic has an encoder and core of its own, as the
+pipeline's MLP recurrent model and the RL Zoo's RecurrentPPO do); the recurrent
 state is zeroed at the first step of each new episode (multiplied by
 ``1 - done``), the state at the start of each rollout is kept, and the
 update re-runs each env's whole rollout from that state, minibatches being
@@ -50,13 +52,11 @@ def _init(layer: nn.Linear, std: float = 2**0.5) -> nn.Linear:
     return layer
 
 
-class RecurrentAgent(nn.Module):
-    """Encoder -> LSTM/GRU -> actor and critic heads; one shared recurrent core, as in ``ppo_atari_lstm``."""
+class RecurrentTrunk(nn.Module):
+    """Encoder -> LSTM/GRU: what turns a sequence of observations into features, carrying its own state."""
 
-    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: int, rnn: str, rnn_hidden: int,
-                 rnn_layers: int, activation: str) -> None:
+    def __init__(self, obs_dim: int, hidden: int, rnn: str, rnn_hidden: int, rnn_layers: int, activation: str) -> None:
         super().__init__()
-        self.discrete = discrete
         self.lstm = rnn == "lstm"
         self.encoder = nn.Sequential(_init(nn.Linear(obs_dim, hidden)), ACTIVATIONS[activation]())
         cell = nn.LSTM if self.lstm else nn.GRU
@@ -66,13 +66,8 @@ class RecurrentAgent(nn.Module):
                 nn.init.constant_(param, 0.0)
             elif "weight" in name:
                 nn.init.orthogonal_(param, 1.0)
-        self.actor = _init(nn.Linear(rnn_hidden, action_dim), 0.01)
-        self.critic = _init(nn.Linear(rnn_hidden, 1), 1.0)
-        if not discrete:
-            self.log_std = nn.Parameter(torch.zeros(1, action_dim))
 
     def initial_state(self, batch: int) -> State:
-        """Zeros: the state an env starts (and restarts after each episode) with."""
         shape = (self.rnn.num_layers, batch, self.rnn.hidden_size)
         return (torch.zeros(shape), torch.zeros(shape)) if self.lstm else (torch.zeros(shape),)
 
@@ -104,8 +99,49 @@ class RecurrentAgent(nn.Module):
             outs.append(out)
         return torch.cat(outs).reshape(steps * batch, -1), state
 
+
+class RecurrentAgent(nn.Module):
+    """A recurrent trunk, actor and critic heads on its output (``ppo_atari_lstm``'s shared core), or, with
+    ``critic_trunk``, the critic on a trunk of its own (the RL Zoo RecurrentPPO's ``enable_critic_lstm``).
+
+    The state is the actor trunk's leaves followed by the critic trunk's, if any.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: int, rnn: str, rnn_hidden: int,
+                 rnn_layers: int, activation: str, critic_trunk: bool = False) -> None:
+        super().__init__()
+        self.discrete = discrete
+        self.trunk = RecurrentTrunk(obs_dim, hidden, rnn, rnn_hidden, rnn_layers, activation)
+        self.critic_trunk = (RecurrentTrunk(obs_dim, hidden, rnn, rnn_hidden, rnn_layers, activation)
+                             if critic_trunk else None)
+        self._leaves = 2 if rnn == "lstm" else 1
+        self.actor = _init(nn.Linear(rnn_hidden, action_dim), 0.01)
+        self.critic = _init(nn.Linear(rnn_hidden, 1), 1.0)
+        if not discrete:
+            self.log_std = nn.Parameter(torch.zeros(1, action_dim))
+
+    def initial_state(self, batch: int) -> State:
+        """Zeros: the state an env starts (and restarts after each episode) with."""
+        critic = self.critic_trunk.initial_state(batch) if self.critic_trunk is not None else ()
+        return self.trunk.initial_state(batch) + critic
+
+    def features(self, x: torch.Tensor, state: State, done: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """The actor's features and the whole state after (the critic's part advanced too, when it has a trunk)."""
+        feat, actor_state = self.trunk.features(x, state[: self._leaves], done)
+        if self.critic_trunk is None:
+            return feat, actor_state
+        _, critic_state = self.critic_trunk.features(x, state[self._leaves :], done)
+        return feat, actor_state + critic_state
+
+    def _critic_features(self, x: torch.Tensor, state: State, done: torch.Tensor,
+                         actor_feat: torch.Tensor) -> tuple[torch.Tensor, State]:
+        if self.critic_trunk is None:
+            return actor_feat, ()
+        return self.critic_trunk.features(x, state[self._leaves :], done)
+
     def value(self, x: torch.Tensor, state: State, done: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(x, state, done)[0]).squeeze(-1)
+        feat, _ = self.trunk.features(x, state[: self._leaves], done)
+        return self.critic(self._critic_features(x, state, done, feat)[0]).squeeze(-1)
 
     def dist(self, feat: torch.Tensor) -> Categorical | Normal:
         out = self.actor(feat)
@@ -116,14 +152,15 @@ class RecurrentAgent(nn.Module):
     def act(self, x: torch.Tensor, state: State, done: torch.Tensor,
             action: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """Action (sampled unless given), its log-prob, entropy, value, and the state after the sequence."""
-        feat, state = self.features(x, state, done)
+        feat, actor_state = self.trunk.features(x, state[: self._leaves], done)
+        critic_feat, critic_state = self._critic_features(x, state, done, feat)
         d = self.dist(feat)
         if action is None:
             action = d.sample()
         log_prob, entropy = d.log_prob(action), d.entropy()
         if not self.discrete:
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
-        return action, log_prob, entropy, self.critic(feat).squeeze(-1), state
+        return action, log_prob, entropy, self.critic(critic_feat).squeeze(-1), actor_state + critic_state
 
 
 def _base_env(env_id: str, no_velocity: bool) -> gym.Env:
@@ -217,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rnn-layers", type=int, default=1)
     p.add_argument("--no-velocity", type=int, default=0, help="1: hide the velocities (components.partial_obs)")
     p.add_argument("--activation", choices=tuple(ACTIVATIONS), default="tanh")
+    p.add_argument("--critic-trunk", type=int, default=0, help="1: the critic has its own encoder and core")
     args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -235,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     action_dim = envs.single_action_space.n if discrete else int(np.prod(envs.single_action_space.shape))
     agent = RecurrentAgent(obs_dim, action_dim, discrete, args.hidden, args.rnn, args.rnn_hidden, args.rnn_layers,
-                           args.activation)
+                           args.activation, bool(args.critic_trunk))
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
     steps = max(1, args.frames_per_batch // args.num_envs)
     batch = steps * args.num_envs
