@@ -272,13 +272,16 @@ class MetricsLogger:
 
     def _each(self, call: str, *args: Any) -> None:
         for sink in list(self._optional):
-            try:
-                getattr(sink, call)(*args)
-            except Exception as err:  # noqa: BLE001 - see the module docstring
-                self._optional.remove(sink)
-                if sink is self._wandb:
-                    self._wandb = None
-                self._warn(sink.name, "could not start" if isinstance(err, SinkStartError) else "failed", err)
+            self._each_one(sink, call, *args)
+
+    def _each_one(self, sink: Any, call: str, *args: Any) -> None:
+        try:
+            getattr(sink, call)(*args)
+        except Exception as err:  # noqa: BLE001 - see the module docstring
+            self._optional.remove(sink)
+            if sink is self._wandb:
+                self._wandb = None
+            self._warn(sink.name, "could not start" if isinstance(err, SinkStartError) else "failed", err)
 
     @property
     def sinks(self) -> list[str]:
@@ -325,6 +328,18 @@ class MetricsLogger:
         self._each("log", row, int(frames))
         if self._host is not None:
             self._host.send("log", row, int(frames))
+
+    def video(self, tag: str, path: Path, frames: int) -> None:
+        """A video file (``<run dir>/videos/*.mp4``, already written) for the sinks that show videos.
+
+        ``metrics.jsonl`` keeps no media (the report finds the files); TensorBoard, wandb and any extra sink
+        with a ``video(tag, path, frames)`` method get it; a sink without one is skipped, not failed.
+        """
+        for sink in list(self._optional):
+            if hasattr(sink, "video"):
+                self._each_one(sink, "video", tag, str(path), int(frames))
+        if self._host is not None:
+            self._host.send("video", tag, str(path), int(frames))
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Final values: a last ``summary`` row in the file, the wandb run summary, TensorBoard HParams."""

@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[atari,dev,sweep,box2d,mujoco,ray]" "$TORCH_SPEC"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[atari,dev,sweep,box2d,mujoco,ray,video]" "$TORCH_SPEC"
     # hydra/launcher=ray (sweeps as Ray tasks). --no-deps: its cloudpickle<3 pin is for its AWS launcher
     # only and would break joblib (hydra/launcher=joblib needs cloudpickle>=3); its real needs come with ray.
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "hydra-ray-launcher==1.2.2"

@@ -27,13 +27,13 @@ CASES = {
     # an LSTM (env=no_velocity's preset): states carried through lockstep batches, the evaluation's from zero
     "ppo-lstm-process-workers-process-server": ["env=no_velocity", "trainer.total_frames=4096", "workers=process",
                                                 "server=process", "transport=slots", "env.envs_per_worker=4",
-                                                "trainer.eval_interval=2048", "trainer.eval_episodes=2"],
+                                                "eval.interval=2048", "eval.episodes=2"],
     "dqn-thread-workers": ["trainer=dqn", "replay=uniform", "trainer.total_frames=4096",
                            "trainer.learning_starts=512", "trainer.updates_per_batch=8", "workers=thread"],
     # greedy evaluation every 2048 frames: its rows are the same too
     "dqn-process-workers-process-server": ["trainer=dqn", "replay=uniform", "trainer.total_frames=4096",
                                            "trainer.learning_starts=512", "trainer.updates_per_batch=8",
-                                           "trainer.eval_interval=2048", "trainer.eval_episodes=2",
+                                           "eval.interval=2048", "eval.episodes=2",
                                            "workers=process", "server=process", "transport=slots"],
 }
 
@@ -67,7 +67,7 @@ def test_two_deterministic_runs_write_the_same_rows_and_weights(case, tmp_path):
     summary = first[-1]["summary"]
     assert summary["mode"] == "deterministic" and len(summary["config_hash"]) == 16
     assert summary["config_hash"] == second[-1]["summary"]["config_hash"]
-    if "eval_interval" in " ".join(CASES[case]):
+    if "eval.interval" in " ".join(CASES[case]):
         assert any("eval/return_mean" in r for r in first), "the evaluations were logged"
     if "dqn" in case:
         assert any("train/loss" in r for r in first), "it learned"
@@ -111,7 +111,7 @@ RESUMABLE = {
     "ppo-thread-workers": ["trainer.total_frames=30720", "workers=thread", "checkpoint.frames=6144"],
     "dqn-process-workers-process-server": ["trainer=dqn", "replay=uniform", "trainer.total_frames=8192",
                                            "trainer.learning_starts=512", "trainer.updates_per_batch=8",
-                                           "trainer.eval_interval=1024", "trainer.eval_episodes=2",
+                                           "eval.interval=1024", "eval.episodes=2",
                                            "workers=process", "server=process", "transport=slots",
                                            "checkpoint.frames=2048"],
 }

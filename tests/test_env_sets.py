@@ -67,7 +67,7 @@ def test_two_tasks_train_together_and_log_their_episodes_apart(tmp_path, workers
     """A closure factory (the long task) reaches process workers by value; the short task's episodes end at 20."""
     run_dir = tmp_path / "run"
     proc = run_pipeline([SHORT_AND_LONG, f"workers={workers}", "trainer.total_frames=4096", "trainer.target_return=null",
-                         "trainer.eval_interval=2048", "trainer.eval_episodes=4", "logger=jsonl",
+                         "eval.interval=2048", "eval.episodes=4", "logger=jsonl",
                          "logger.interval=0.2", f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tasks     2 task(s), one policy: short 4 env(s), long 4 env(s) (seeds +1000)" in proc.stdout

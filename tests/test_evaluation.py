@@ -68,7 +68,7 @@ def test_a_failing_eval_env_is_one_clear_error():
 @pytest.mark.slow
 def test_a_run_logs_eval_returns_and_can_stop_on_them(tmp_path):
     run_dir = tmp_path / "eval"
-    result = run_pipeline(["trainer.eval_interval=2000", "trainer.eval_episodes=3", "trainer.target_metric=eval",
+    result = run_pipeline(["eval.interval=2000", "eval.episodes=3", "trainer.target_metric=eval",
                            "trainer.target_return=60", "trainer.total_frames=60000", "logger=jsonl",
                            "logger.interval=0.3", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -85,4 +85,17 @@ def test_a_run_logs_eval_returns_and_can_stop_on_them(tmp_path):
 def test_target_metric_eval_needs_an_eval_interval(tmp_path):
     result = run_pipeline(["trainer.target_metric=eval", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
     assert result.returncode == 2
-    assert "trainer.target_metric='eval': needs trainer.eval_interval" in result.stderr
+    assert "trainer.target_metric='eval': needs eval.interval" in result.stderr
+
+
+def test_the_deprecated_trainer_keys_still_evaluate_with_one_note_each(tmp_path):
+    run_dir = tmp_path / "old"
+    result = run_pipeline(["trainer.eval_interval=1024", "trainer.eval_episodes=2", "trainer.total_frames=2048",
+                           "trainer.target_return=null", "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"],
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    notes = [line for line in result.stderr.splitlines() if "is deprecated" in line]
+    assert notes == ["note: trainer.eval_interval is deprecated and will be removed: use eval.interval",
+                     "note: trainer.eval_episodes is deprecated and will be removed: use eval.episodes"]
+    summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
+    assert summary["eval/episodes"] == 2.0

@@ -208,7 +208,7 @@ def test_an_lstm_run_trains_end_to_end_and_resumes_with_fresh_zero_state_envs(tm
 
     run_dir = tmp_path / "run"
     common = ["logger=jsonl", "progress=false", "trainer.target_return=null", "workers=process", "server=process",
-              "transport=slots", "env.envs_per_worker=4", "trainer.eval_interval=1024", "trainer.eval_episodes=2"]
+              "transport=slots", "env.envs_per_worker=4", "eval.interval=1024", "eval.episodes=2"]
     proc = run_pipeline(["env=no_velocity", "trainer.total_frames=2048", *common, f"hydra.run.dir={run_dir}"],
                         cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -68,6 +68,24 @@ def _hparams_summaries(hparams: dict[str, bool | int | float | str], metrics: li
     return out
 
 
+def _mp4_fps(path: str, default: int) -> int:
+    import imageio.v2 as imageio
+
+    try:
+        reader = imageio.get_reader(path, format="FFMPEG")
+        try:
+            return max(1, int(round(float(reader.get_meta_data().get("fps", default)))))
+        finally:
+            reader.close()
+    except Exception:  # noqa: BLE001 - the GIF's speed only
+        return default
+
+
+def _gif_size(gif: bytes) -> tuple[int, int]:
+    """(height, width) from a GIF's logical screen descriptor (bytes 6-9, little-endian width then height)."""
+    return int.from_bytes(gif[8:10], "little"), int.from_bytes(gif[6:8], "little")
+
+
 class TensorBoardSink:
     name = "tensorboard"
 
@@ -100,6 +118,20 @@ class TensorBoardSink:
                   if key != "frames" and value is not None and not isinstance(value, (str, bool))}
         self._scalars(values, frames)
         self._last.update(values)
+        self._writer.flush()
+
+    def video(self, tag: str, path: str, frames: int) -> None:
+        """The video as an animated GIF image summary: what ``SummaryWriter.add_video`` writes, shown in the
+        Images dashboard (scaled down: TensorBoard keeps the whole GIF in the event file)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from components.video import gif_bytes, read_mp4
+
+        images = read_mp4(Path(path))
+        gif = gif_bytes(images, fps=_mp4_fps(path, 30))
+        height, width = _gif_size(gif)
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+        self._add(Summary(value=[Summary.Value(tag=tag, image=image)]), frames)
         self._writer.flush()
 
     def summary(self, values: dict[str, Any]) -> None:

@@ -54,6 +54,12 @@ class WandbSink:
         numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.run.log(numeric, step=int(frames))
 
+    def video(self, tag: str, path: str, frames: int) -> None:
+        """The mp4 as a ``wandb.Video`` (copied into the run's media files: offline runs keep it too)."""
+        import wandb
+
+        self.run.log({tag: wandb.Video(path, format="mp4")}, step=int(frames))
+
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update(values)
 

@@ -31,9 +31,9 @@ class RunBudget:
     target_window: int = 20
     #: a NaN/inf reward or observation: error (stop, naming the env) or skip (cut out, counted)
     nan_policy: NanPolicy = NanPolicy.error
-    #: frames between greedy evaluations on separate envs (None: no evaluation)
+    #: deprecated (a note says so): eval.interval
     eval_interval: int | None = None
-    #: episodes per evaluation
-    eval_episodes: int = 10
+    #: deprecated (a note says so): eval.episodes
+    eval_episodes: int | None = None
     #: what target_return is compared with: "train" (the collecting policy's episodes) or "eval"
     target_metric: TargetMetric = TargetMetric.train

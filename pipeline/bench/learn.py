@@ -133,7 +133,7 @@ def run_case(name: str, case: Case, seed: int, frames: int, out: Path, reference
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pipeline", *overrides, f"seed={seed}",
                            f"trainer.total_frames={frames}", "trainer.target_return=null",
-                           f"trainer.eval_interval={eval_every}", "logger=jsonl", "progress=false",
+                           f"eval.interval={eval_every}", "logger=jsonl", "progress=false",
                            f"hydra.run.dir={ours_dir}"], cwd=out, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name} seed {seed} (pipeline) exited {done.returncode}: {done.stderr.strip()[-500:]}")

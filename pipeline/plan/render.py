@@ -278,6 +278,21 @@ def memory(choice: Choice[str]) -> str:
             f"+{f['chunk_bytes']:,} B a chunk);{seq} workers.concurrent_envs off")
 
 
+def evaluation(choice: Choice[int]) -> str:
+    e = choice.facts["settings"]
+    text = (f"every {choice.value:,} frames and at the end: {e.episodes} episode(s), {e.mode.name.lower()}, on envs "
+            "of their own in a background thread (collection never waits)")
+    if e.envs:
+        text += f"; also on {', '.join(e.envs)} (eval.envs, eval/<name>/*)"
+    if e.video is not None:
+        v = e.video
+        every = "every evaluation" if v.every == 1 else f"every {v.every}th evaluation"
+        fps = f"{v.fps} fps" if v.fps else "the env's fps"
+        text += (f"; a video of {v.episodes} episode(s) at {every} and the final one, up to {v.max_steps:,} frames "
+                 f"an episode at {fps}: videos/<frames>.mp4, TensorBoard, wandb, the report")
+    return text
+
+
 def cluster(choice: Choice[Any]) -> str:
     return str(choice.facts["described"])
 
@@ -294,7 +309,7 @@ LINES: dict[str, Callable[[Choice], str]] = {
     "workers": workers, "cpus": cpus, "transport": transport, "server": server, "chunking": chunking,
     "device": devices, "replay": replay, "trainer": trainer, "collector": collector, "threads": threads,
     "preset": preset, "cluster": cluster, "tasks": tasks, "masks": masks, "mode": determinism,
-    "memory": memory,
+    "memory": memory, "eval": evaluation,
 }
 
 

@@ -21,6 +21,7 @@ from components.collector.lockstep import lockstep_chunk_len, lockstep_problem
 from components.inference.loop import ServerConfig
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
+from pipeline.plan.eval_settings import eval_settings
 from pipeline.plan.choice import Choice
 from pipeline.plan.validate import ConfigError
 
@@ -316,6 +317,10 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
                                         {"trainer": str(cfg.trainer.name)})))
     if recurrent:
         choices.append(("memory", _recurrent(cfg, min(per_worker, num_envs), chunking.value, env_spec)))
+    evaluation = eval_settings(cfg)
+    if evaluation.enabled:
+        choices.append(("eval", Choice(evaluation.interval, "video" if evaluation.video else "eval",
+                                       {"settings": evaluation})))
     if machine.total_cpus is not None:
         choices.append(("cpus", Choice(machine.cpus, "sweep_share",
                                        {"total": machine.total_cpus, "jobs": machine.sweep_jobs})))

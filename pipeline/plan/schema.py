@@ -229,6 +229,32 @@ class LoggerSchema:
 
 
 @dataclass
+class EvalSchema:
+    """Evaluation episodes on envs of their own beside training, and videos of them (pipeline/runner/evaluation.py)."""
+
+    #: frames between evaluations (null: none, or a tenth of trainer.total_frames with video=true;
+    #: trainer.eval_interval, deprecated, still sets it)
+    interval: int | None = None
+    #: episodes per evaluation, played at once on that many envs
+    episodes: int = 10
+    #: how the evaluated policy acts: deterministic (greedy), mode, mean or random (sampled)
+    mode: str = "deterministic"
+    #: record videos of evaluation episodes (the eval envs render rgb_array frames; training envs never do)
+    video: bool = False
+    #: a video at every Nth evaluation (and always at the final one)
+    video_every: int = 1
+    #: episodes per video, one after the other (the first eval envs')
+    video_episodes: int = 1
+    #: frames per second of the videos (null: the env's render_fps, else 30)
+    video_fps: int | None = None
+    #: frames recorded per episode at most (the episode still plays to its end)
+    video_max_steps: int = 1000
+    #: more evaluation envs by name, each env-config overrides on top of env (e.g. {nosticky: {factory:
+    #: {repeat_action_probability: 0.0}}}), logged under eval/<name>/
+    envs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class CheckpointSchema:
     #: write checkpoint.pt (model, optimiser, counters, RNG, episode statistics; a disk replay's state)
     enabled: bool = True
@@ -309,6 +335,8 @@ class Config:
     deterministic: bool = False
     #: show a progress bar
     progress: bool = True
+    #: evaluation episodes and their videos
+    eval: EvalSchema = MISSING
     #: checkpoints at the end and every checkpoint.interval seconds
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
     #: a run directory to continue (its saved config and checkpoint; overrides apply on top)
@@ -348,5 +376,6 @@ def register() -> None:
         ("trainer", "base_ppo", PPOSchema),
         ("trainer", "base_dqn", DQNSchema),
         ("logger", "base_logger", LoggerSchema),
+        ("eval", "base_eval", EvalSchema),
     ):
         cs.store(group=group, name=name, node=node)

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from components.envs import EnvConfigError, check_env_id
 from components.kinds import Word
 from components.metrics import check_sinks
+from pipeline.plan.eval_settings import EvalConfigError, check_eval
 
 
 class ConfigError(ValueError):
@@ -183,11 +184,10 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     _check(cfg, "server.max_restarts", lambda v: v >= 0, ">= 0 (0: a dead server fails the run)")
     if get("server.step_timeout") is not None:
         _check(cfg, "server.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no server hang watchdog)")
-    if get("trainer.eval_interval") is not None:
-        _check(cfg, "trainer.eval_interval", lambda v: v >= 1, ">= 1 frames (or null: no evaluation)")
-    elif get("trainer.target_metric") == "eval":
-        raise ConfigError("trainer.target_metric='eval': needs trainer.eval_interval (frames between evaluations)")
-    _check(cfg, "trainer.eval_episodes", lambda v: v >= 1, ">= 1")
+    try:
+        check_eval(cfg)
+    except EvalConfigError as err:
+        raise ConfigError(str(err)) from None
     if get("workers.step_timeout") is not None:
         _check(cfg, "workers.step_timeout", lambda v: v > 0, "> 0 seconds (or null: no hang watchdog)")
     # the gymnasium registry is asked only when the factory makes its env from env.id (an own factory

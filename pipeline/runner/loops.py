@@ -132,6 +132,9 @@ class Reporter:
         """Start an evaluation when one is due; collect a finished one (raises if it failed)."""
         result = self.evaluator.poll()
         if result is not None:
+            video = result.pop("video", None)
+            if video is not None:  # the file is written: the sinks get it now, at the frames rows have reached
+                self.logger.video("eval/video", video[0], max(self.collector.frames, self.last_frames))
             self.last_eval = self._eval_row = result
         if not self.eval_interval:
             return
@@ -153,9 +156,12 @@ class Reporter:
             return
         self.evaluator.wait(timeout)
         self._evaluate(0)  # collect what was running
+        if self._eval_row is not None and not self.deterministic:  # its own row: the final one would replace it
+            self.flush(echo=False)
         weights, version = self.snapshot()
         frames = self.collector.frames
-        if self.evaluator.start(weights, version, frames, index=2 * frames + 1 if self.deterministic else None):
+        if self.evaluator.start(weights, version, frames, index=2 * frames + 1 if self.deterministic else None,
+                                final=True):
             self.evaluator.wait(timeout)
             self._evaluate(0)
             self.pending.append({})  # the final row carries it

@@ -82,8 +82,8 @@ def summary_row(collector: Any, reporter: Any, stop_reason: str, *, deterministi
         "episode/count": tracker.total,
         **({k: v for k, v in reporter.tasks.row().items() if not k.endswith("/length_mean")}
            if reporter.tasks is not None else {}),
-        **({"eval/return_mean": reporter.last_eval["return_mean"],
-            "eval/policy_version": reporter.last_eval["policy_version"]} if reporter.last_eval else {}),
+        # the final evaluation (its frames name its video, its seed_index is what pipeline.play replays)
+        **{f"eval/{k}": v for k, v in (reporter.last_eval or {}).items() if k != "seconds"},
         "solved": stop_reason == "target_return",
         "mode": "deterministic" if deterministic else "async",
         "config_hash": config_hash(resolved),

@@ -37,7 +37,7 @@ from components.threads import pin_pools, report_pools
 from components.trainers.base import NonFiniteError
 from pipeline.runner.budgets import check_budgets
 from pipeline.runner.collection import build_collector
-from pipeline.runner.evaluation import EvaluationError, Evaluator
+from pipeline.runner.evaluation_setup import EvalSetup, EvaluationError, build_evaluator, prepare_evaluation
 from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
 from pipeline.runner.checkpoints import Checkpointer, close_open_windows, restart_collector
 from pipeline.runner.loops import Reporter, run_off_policy, run_on_policy, task_episodes
@@ -92,6 +92,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
         hook = post_collect_hook(cfg)
         planned = plan_config(cfg, machine)
         plan, env_factory, env_spec = planned.plan, planned.env_factory, planned.env_spec
+        evaluation = prepare_evaluation(cfg, env_factory, env_spec)  # its bad input is one line, nothing written
         if preset:
             plan = plan.with_choice("preset", preset)
         hosts = None
@@ -107,7 +108,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: tuple[Any, Any, list[str]] 
             write_hydra_files(run_dir, *hydra_files)
         print(plan, flush=True)
         job = JobInfo(list(hydra_files[2]) if hydra_files is not None else [], sweep_group)
-        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous, job, (cluster, hosts))
+        return _train(cfg, run_dir, plan, env_factory, env_spec, hook, resume, previous, job, (cluster, hosts),
+                      evaluation)
     except (KeyboardInterrupt, Interrupted) as err:  # before training started: nothing to keep
         if claimed:
             _unclaim(cfg, run_dir)
@@ -145,7 +147,8 @@ class JobInfo:
 
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spec: Any, hook: Any,
-           resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None)) -> int:
+           resume: bool, previous: dict[int, Any], job: JobInfo, ray_hosts: tuple[Any, Any] = (None, None),
+           evaluation: EvalSetup | None = None) -> int:
     report_pools("driver")  # pinned in run(), before the probes
     apply_determinism(plan.deterministic)
     torch.manual_seed(int(cfg.seed))
@@ -227,10 +230,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     if plan.deterministic:  # restart points at its checkpoints, RNGs re-seeded as a resumed run's
         reporter.make_restart = lambda old: restart_collector(old, make_collector, trainer, nstep, buffer)
         reporter.reseed = lambda frames: reseed(int(cfg.seed), frames)
-    if algo.eval_interval:
-        reporter.evaluator = Evaluator(env_factory, model_spec.build(env_spec), episodes=int(algo.eval_episodes),
-                                       seed=int(cfg.seed))
-        reporter.eval_interval = int(algo.eval_interval)
+    reporter.evaluator = build_evaluator(evaluation, env_factory, model_spec.build(env_spec), int(cfg.seed), run_dir)
+    if reporter.evaluator is not None:
+        reporter.eval_interval = evaluation.settings.interval
         reporter.snapshot = lambda: (trainer.model.state_dict(), trainer.policy_version)
     reporter.target_metric = str(algo.target_metric)
     stop_reason, code, keep_last_good = "total_frames", EXIT_OK, False
@@ -240,11 +242,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         else:
             stop_reason = run_off_policy(collector, trainer, buffer, reporter)
         reporter.final_evaluation()  # the final weights, greedily, on the eval envs
-    except EvaluationError as err:
-        stop_reason, code = f"failed: {err}", EXIT_FAILED
     except (KeyboardInterrupt, Interrupted) as err:
         stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
-    except CollectorError as err:
+    except (CollectorError, EvaluationError) as err:
         stop_reason, code = f"failed: {err}", EXIT_FAILED
     except NonFiniteError as err:
         stop_reason, code, keep_last_good = f"failed: {err}", EXIT_FAILED, True
