@@ -57,7 +57,8 @@ def test_the_page_embeds_no_markup_from_run_directories(tmp_path):
     assert KEY not in page and LINK not in page and "<img" not in page, "nothing from the runs is raw markup"
     assert "<!--" not in page
     code = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
-    assert len(code) == 3 and "Plotly" in code[1], "the error hook, plotly and the page's own script; no other"
+    assert len(code) == 4 and "Plotly" in code[1] and "querySelectorAll('video')" in code[3], \
+        "the error hook, plotly, the page's own script and its videos' one; no other"
     meta = json.loads(re.search(r'id="report-meta">(.*?)</script>', page).group(1))
     assert meta["swept"] == [KEY], "the key itself survives, as data"
     assert "<th>&lt;/script&gt;&lt;script&gt;Object.assign(document,{title:&#x27;pwned&#x27;})&lt;/script&gt;</th>" \

@@ -145,3 +145,15 @@ def test_an_extra_eval_env_is_logged_under_its_name(tmp_path):
     summary = json.loads(Path(run_dir / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
     assert summary["eval/short/return_mean"] <= 20 and summary["eval/short/length_mean"] <= 20
     assert "eval/return_mean" in summary
+
+
+@pytest.mark.slow
+def test_the_video_cost_benchmark_runs_the_three_ways_and_reports_ratios(tmp_path, capsys):
+    from pipeline.bench.video_cost import main
+
+    assert main(["--frames", "2048", "--every", "1024", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.split("| run |", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows] == ["no-eval", "eval", "eval+video"]
+    assert rows[1].rstrip().endswith("| 1.00x |")
+    assert len(list(tmp_path.glob("eval+video-0/videos/*.mp4"))) >= 1

@@ -42,6 +42,7 @@ from typing import Any
 
 from pipeline.report.escape import csp, escape_json_text, plot_text, script_json
 from pipeline.report.runs import RunRecord, swept_keys
+from pipeline.report.videos import STYLE as VIDEO_STYLE, VIDEO_JS, curve_figure, videos_section
 
 _STATUS_COLOURS = {"running": "#1f77b4", "finished": "#2ca02c", "solved": "#17becf", "failed": "#d62728",
                    "interrupted": "#ff7f0e", "unreadable": "#7f7f7f"}
@@ -358,19 +359,21 @@ def render(runs: list[RunRecord], title: str, *, refresh_s: float | None = None)
     counts = {s: sum(r.status == s for r in runs) for s in _STATUS_COLOURS}
     status_line = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     refresh = f'<meta http-equiv="refresh" content="{float(refresh_s):g}">' if refresh_s else ""
-    media: tuple[str, ...] = ()  # evaluation videos will be listed here (and referenced with media_url)
+    videos, listed = videos_section(runs, colours.label,
+                                    lambda run: _plot(curve_figure(run, colours(run)), f"curve-{runs.index(run)}"))
+    media = tuple(listed)
     meta = script_json({"runs": len(runs), "panels": [p[0] for p in panels if p[2] is not None], "swept": swept,
                         "media": list(media)})
     plotly_js = plotly.offline.get_plotlyjs().replace("\r\n", "\n").replace("\r", "\n")
     if "</script" in plotly_js.lower():
         raise RuntimeError("this plotly bundle cannot be inlined (it holds '</script')")
-    policy = csp([_ERRORS_JS, plotly_js, _AFTER_JS])
+    policy = csp([_ERRORS_JS, plotly_js, _AFTER_JS, VIDEO_JS])
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">{refresh}
 <meta http-equiv="Content-Security-Policy" content="{html.escape(policy)}">
 <meta name="referrer" content="no-referrer">
 <title>{html.escape(title)}</title>
-<style>{_STYLE}</style>
+<style>{_STYLE}{VIDEO_STYLE}</style>
 <script>{_ERRORS_JS}</script>
 <script>{plotly_js}</script>
 </head>
@@ -382,8 +385,10 @@ Click a column header to sort.</p>
 <script type="application/json" id="report-meta">{meta}</script>
 <section id="runs"><h2>Runs</h2>{_runs_table(runs, swept)}</section>
 {_problems_list(runs)}
+{videos}
 <div class="panels">{''.join(sections)}</div>
 <script>{_AFTER_JS}</script>
+<script>{VIDEO_JS}</script>
 </body></html>
 """
     return Report(page, media)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.report.videos import find_videos
 from pipeline.report.files import NotRegular, iter_lines, open_regular, read_capped
 
 #: Directories inside a run that never hold runs themselves.
@@ -57,6 +58,8 @@ class RunRecord:
     config: dict[str, Any] = field(default_factory=dict)
     #: One line per odd file of the run ("metrics.jsonl: a FIFO, skipped"), shown in the page.
     problems: list[str] = field(default_factory=list)
+    #: (frames, path under the report's root) of each evaluation video (pipeline.report.videos)
+    videos: list[tuple[int, str]] = field(default_factory=list)
 
     def series(self, key: str, x: str = "frames") -> tuple[list[float], list[float]]:
         """``(xs, ys)`` of the rows that have both ``x`` and ``key`` as finite numbers."""
@@ -323,7 +326,9 @@ def load_run(run_dir: Path, root: Path) -> RunRecord:
         if status == "failed" and summary is None and any(p.startswith("metrics.jsonl: ") and "damaged" not in p
                                                           for p in problems):
             status, reason = "unreadable", "metrics.jsonl could not be read"
-        return RunRecord(run_dir, name, overrides, rows, summary, status, reason, bad, problems=problems)
+        relative = "" if run_dir == root else run_dir.relative_to(root).as_posix()
+        return RunRecord(run_dir, name, overrides, rows, summary, status, reason, bad, problems=problems,
+                         videos=find_videos(run_dir, relative))
     except Exception as err:  # noqa: BLE001 - one odd run is a row in the page, not a crashed report
         return RunRecord(run_dir, name, {}, [], None, "unreadable", "could not be read",
                          problems=[f"{type(err).__name__}: {err}"[:500]])
