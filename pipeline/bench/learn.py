@@ -49,8 +49,8 @@ SUITE: dict[str, Case] = {
     "halfcheetah": Case(["env=mujoco"], 1_000_000, None, "HalfCheetah-v5", "specialize/ppo_mujoco.yaml"),
     # CartPole with its velocities hidden: an LSTM (specialize/ppo_no_velocity.yaml) against the recurrent
     # reference, and the same settings without the recurrent core (it sees a still picture: far below)
-    "cartpole_novel": Case(["env=no_velocity"], 300_000, 475.0, "CartPole-v1", "specialize/ppo_no_velocity.yaml"),
-    "cartpole_novel_ff": Case(["env=no_velocity", "model.rnn=null"], 300_000, 475.0, "CartPole-v1",
+    "cartpole_novel": Case(["env=no_velocity"], 150_000, 475.0, "CartPole-v1", "specialize/ppo_no_velocity.yaml"),
+    "cartpole_novel_ff": Case(["env=no_velocity", "model.rnn=null"], 150_000, 475.0, "CartPole-v1",
                               "specialize/ppo_no_velocity.yaml with model.rnn=null", has_reference=False),
 }
 
