@@ -34,6 +34,8 @@ def render_factory(factory: Any) -> Any:
     ``gym.make``) and env sets of them; anything else is a :class:`VideoError` naming it.
     """
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display, no XDG warning
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo: GLFW needs a display, EGL does not
     entries = getattr(factory, "entries", None)
     if entries is not None and hasattr(factory, "cycle"):  # an env set: each entry's factory renders
         return type(factory)([dataclasses.replace(e, factory=render_factory(e.factory)) for e in entries])

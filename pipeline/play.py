@@ -125,7 +125,8 @@ def play(argv: list[str]) -> int:
     from pipeline.plan.eval_settings import DEFAULT_FPS
     from pipeline.plan.inputs import build_env
     from pipeline.plan.validate import ConfigError
-    from pipeline.runner.evaluation import EVAL_SEED_OFFSET, play_episodes
+    from pipeline.runner.evaluation import EVAL_SEED_OFFSET
+    from pipeline.runner.play_loop import play_episodes
 
     target, options, env_overrides = _parse(argv)
     run_dir, state = _load(target)
@@ -186,12 +187,13 @@ def play(argv: list[str]) -> int:
                                        ).generate_state(episodes)
         torch.set_num_threads(1)
         try:
-            returns, lengths = _play_all(play_episodes, model, envs, [int(s) for s in seeds], mode, row, max_steps,
-                                         recorder)
+            returns, lengths = play_episodes(model, envs, [int(s) for s in seeds], mode, row, max_steps, recorder,
+                                             every_episode=True)
         except VideoError as err:
             raise PlayError(f"video={video}: {err}") from None
         for i, (ret, length) in enumerate(zip(returns, lengths)):
-            print(f"episode {i}: return {ret:.2f}, length {length}")
+            cut = f" (cut at max_steps={max_steps})" if length >= max_steps else ""
+            print(f"episode {i}: return {ret:.2f}, length {length}{cut}")
         print(f"mean return {float(np.mean(returns)):.2f} over {len(returns)} episode(s) "
               f"({mode.name.lower()}, seed_index {seed_index}), mean length {float(np.mean(lengths)):.1f}")
         if recorder is not None:
@@ -205,16 +207,6 @@ def play(argv: list[str]) -> int:
         for env in envs:
             env.close()
     return 0
-
-
-def _play_all(play_episodes: Any, model: Any, envs: list[Any], seeds: list[int], mode: Any, row: Any,
-              max_steps: int, recorder: Any) -> tuple[list[float], list[int]]:
-    """Every episode's return and length in env order (``play_episodes`` drops episodes a step cap cut)."""
-    returns, lengths = play_episodes(model, envs, seeds, mode, row, max_steps, recorder)
-    if len(returns) != len(envs):
-        print(f"note: {len(envs) - len(returns)} episode(s) did not end within max_steps={max_steps}",
-              file=sys.stderr)
-    return returns, lengths
 
 
 def main() -> None:

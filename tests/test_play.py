@@ -54,7 +54,7 @@ def test_play_writes_a_video_of_every_episode(cartpole_run, tmp_path):
     out = tmp_path / "watch.mp4"
     result = _play([str(cartpole_run), "episodes=2", "max_steps=40", f"video={out}", "mode=random"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    lengths = [int(n) for n in re.findall(r"length (\d+)$", result.stdout, re.M)]
+    lengths = [int(n) for n in re.findall(r", length (\d+)", result.stdout)]
     frames = read_mp4(out)
     assert len(frames) == sum(lengths) + 2 and frames[0].shape == (400, 600, 3)  # each episode: its reset + steps
 
@@ -107,3 +107,16 @@ def test_play_records_atari_as_the_emulators_rgb_frames(tmp_path):
     frames = read_mp4(out)
     assert len(frames) == 31 and frames[0].shape == (210, 160, 3)
     assert frames[5][..., 0].astype(int).sum() != frames[5][..., 1].astype(int).sum(), "colour, not grey"
+
+
+@pytest.mark.slow
+def test_play_replays_a_dqn_runs_final_evaluation(tmp_path):
+    run_dir = tmp_path / "dqn"
+    result = run_pipeline(["trainer=dqn", "replay=uniform", "eval.interval=2048", "eval.episodes=2",
+                           "trainer.total_frames=4096", "trainer.learning_starts=512", "trainer.target_return=null",
+                           "logger=jsonl", "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    played = _play([str(run_dir)], cwd=tmp_path)
+    assert played.returncode == 0, played.stderr
+    mean = float(re.search(r"^mean return ([\d.]+) over 2 episode\(s\)", played.stdout, re.M).group(1))
+    assert mean == pytest.approx(_summary(run_dir)["eval/return_mean"], abs=0.005)

@@ -5,9 +5,11 @@ and videos add rendering and encoding there. The question a user asks is
 whether turning ``eval.video=true`` on slows training. This runs the same
 ``python -m pipeline`` job three ways (no evaluation; evaluation every
 ``--every`` frames; the same with videos), alternating the three in each
-repeat so drift on the machine hits them alike, and prints the median
-``collector/frames_per_s`` of each (from the summary row) and its ratio to
-the run without videos.
+repeat so drift on the machine hits them alike, and prints for each the
+median collection rate (frames over time at the last row logged while
+training: the final evaluation, and the wait for its video, come after
+collection ended and are not collection) with its ratio to the run without
+videos, and the median wall time of the whole run (those included).
 
     python -m pipeline.bench.video_cost                      # CartPole, 100k frames, 3 repeats
     python -m pipeline.bench.video_cost --set env=atari --frames 20000 --every 5000
@@ -33,8 +35,8 @@ CONTENDERS: dict[str, list[str]] = {
 }
 
 
-def run_once(name: str, overrides: list[str], frames: int, every: int, out: Path) -> float:
-    """One job; its collection frames/s (raises with the job's last error lines if it failed)."""
+def run_once(name: str, overrides: list[str], frames: int, every: int, out: Path) -> tuple[float, float]:
+    """One job; its collection frames/s and wall time (raises with the job's last error lines if it failed)."""
     run_dir = out / f"{name}-{len(list(out.glob(f'{name}-*')))}"
     extra = [o.format(every=every) for o in CONTENDERS[name]]
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -43,8 +45,11 @@ def run_once(name: str, overrides: list[str], frames: int, every: int, out: Path
                            f"hydra.run.dir={run_dir}"], cwd=out, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    summary = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
-    return float(summary["collector/frames_per_s"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = rows[-1]["summary"]
+    training = [r for r in rows[:-2] if r.get("time")]  # rows[-2]: the final row, after the final evaluation
+    last = training[-1] if training else rows[-2]
+    return float(last["frames"]) / float(last["time"]), float(summary["wall_time_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,18 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     fps: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    wall: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     for repeat in range(args.repeats):
         order = list(CONTENDERS) if repeat % 2 == 0 else list(reversed(CONTENDERS))
         for name in order:
-            fps[name].append(run_once(name, list(args.set), args.frames, args.every, out))
-            print(f"  repeat {repeat} {name}: {fps[name][-1]:,.0f} frames/s", flush=True)
+            rate, seconds = run_once(name, list(args.set), args.frames, args.every, out)
+            fps[name].append(rate)
+            wall[name].append(seconds)
+            print(f"  repeat {repeat} {name}: {rate:,.0f} frames/s collecting, {seconds:.1f} s in all", flush=True)
     base = statistics.median(fps["eval"])
     print(f"\n{args.frames:,} frames, an evaluation every {args.every:,}, medians of {args.repeats} "
           f"({' '.join(args.set) or 'CartPole defaults'}):")
-    print("| run | collection frames/s (median) | runs | vs eval without video |\n|---|---:|---|---:|")
+    print("| run | collection frames/s (median) | runs | vs eval without video | wall s (median, all of the run) |\n"
+          "|---|---:|---|---:|---:|")
     for name, values in fps.items():
         median = statistics.median(values)
-        print(f"| {name} | {median:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {median / base:.2f}x |")
+        print(f"| {name} | {median:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {median / base:.2f}x | "
+              f"{statistics.median(wall[name]):.1f} |")
     return 0
 
 

@@ -20,6 +20,7 @@ from components.video import VideoError, frame_of, render_factory
 from pipeline.plan.eval_settings import EvalSettings, eval_settings
 from pipeline.plan.validate import ConfigError
 from pipeline.runner.evaluation import EvaluationError, Evaluator
+from pipeline.runner.video_recorder import VideoRecorder
 
 __all__ = ["EvalSetup", "EvaluationError", "build_evaluator", "check_renders", "prepare_evaluation"]
 
@@ -34,11 +35,15 @@ class EvalSetup:
 
 def check_renders(factory: Any, what: str) -> None:
     """Build one rendering env of ``factory``, reset it, take a frame; a :class:`ConfigError` if it cannot."""
+    import warnings
+
     env = None
     try:
-        env = render_factory(factory)()
-        env.reset(seed=0)
-        frame_of(env)
+        with warnings.catch_warnings():  # a renderer that cannot start warns first (GLFW): the error says it
+            warnings.simplefilter("ignore")
+            env = render_factory(factory)()
+            env.reset(seed=0)
+            frame_of(env)
     except VideoError as err:
         raise ConfigError(f"eval.video=true: {err}") from None
     except Exception as err:  # noqa: BLE001 - e.g. a renderer a headless machine lacks (MuJoCo without GL)
@@ -72,10 +77,13 @@ def prepare_evaluation(cfg: DictConfig, env_factory: Any, env_spec: Any) -> Eval
     return EvalSetup(settings, extra)
 
 
-def build_evaluator(setup: EvalSetup | None, env_factory: Any, model: Any, seed: int, run_dir: Path) -> Evaluator | None:
-    """The run's :class:`Evaluator` (None when nothing is evaluated during the run)."""
+def build_evaluator(setup: EvalSetup | None, env_factory: Any, model_spec: Any, env_spec: Any, seed: int,
+                    run_dir: Path) -> Evaluator | None:
+    """The run's :class:`Evaluator` (None when nothing is evaluated during the run), its video process ready."""
     if setup is None or not setup.settings.enabled:
         return None
     s = setup.settings
-    return Evaluator(env_factory, model, episodes=s.episodes, seed=seed, mode=s.mode, extra=setup.extra,
-                     video=s.video, videos_dir=run_dir / "videos")
+    recorder = None if s.video is None else VideoRecorder(env_factory, model_spec, env_spec, s.video, int(s.mode),
+                                                          run_dir / "videos")
+    return Evaluator(env_factory, model_spec.build(env_spec), episodes=s.episodes, seed=seed, mode=s.mode,
+                     extra=setup.extra, recorder=recorder)

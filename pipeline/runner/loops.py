@@ -132,10 +132,8 @@ class Reporter:
         """Start an evaluation when one is due; collect a finished one (raises if it failed)."""
         result = self.evaluator.poll()
         if result is not None:
-            video = result.pop("video", None)
-            if video is not None:  # the file is written: the sinks get it now, at the frames rows have reached
-                self.logger.video("eval/video", video[0], max(self.collector.frames, self.last_frames))
             self.last_eval = self._eval_row = result
+        self._log_videos(self.evaluator.videos())
         if not self.eval_interval:
             return
         if self.deterministic:  # where frames cross a multiple (as in a resumed run), waited for: its row is fixed
@@ -149,6 +147,10 @@ class Reporter:
             weights, version = self.snapshot()
             if self.evaluator.start(weights, version, frames):
                 self._next_eval = frames + self.eval_interval
+
+    def _log_videos(self, videos: list[tuple[Any, int]]) -> None:
+        for path, _ in videos:  # written: the sinks get each now, at the frames rows have reached
+            self.logger.video("eval/video", path, max(self.collector.frames, self.last_frames))
 
     def final_evaluation(self, timeout: float = 300.0) -> None:
         """One last evaluation of the final weights, waited for, logged with the last row."""
@@ -164,6 +166,7 @@ class Reporter:
                                 final=True):
             self.evaluator.wait(timeout)
             self._evaluate(0)
+            self._log_videos(self.evaluator.videos(wait=timeout))  # the final policy's video
             self.pending.append({})  # the final row carries it
 
     def step(self, metrics: dict[str, float] | None) -> bool:

@@ -230,7 +230,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     if plan.deterministic:  # restart points at its checkpoints, RNGs re-seeded as a resumed run's
         reporter.make_restart = lambda old: restart_collector(old, make_collector, trainer, nstep, buffer)
         reporter.reseed = lambda frames: reseed(int(cfg.seed), frames)
-    reporter.evaluator = build_evaluator(evaluation, env_factory, model_spec.build(env_spec), int(cfg.seed), run_dir)
+    reporter.evaluator = build_evaluator(evaluation, env_factory, model_spec, env_spec, int(cfg.seed), run_dir)
     if reporter.evaluator is not None:
         reporter.eval_interval = evaluation.settings.interval
         reporter.snapshot = lambda: (trainer.model.state_dict(), trainer.policy_version)
