@@ -95,3 +95,41 @@ def test_a_worker_killed_holding_the_ring_lock_does_not_hang_the_others(killed_h
     assert time.monotonic() - started < 3.0
     gid = pool.next_ready(timeout=1.0)
     assert gid is not None and pool.flat(gid)["x"].tolist()[:6] == [5.0] * 6
+
+
+def test_a_worker_killed_after_publishing_its_chunk_keeps_it_and_its_successor_writes_the_next():
+    """Killed inside commit after the ring took the chunk (before announcing it): the chunk is delivered as it
+    is, and the successor never writes into it (it did, when ``writing`` was cleared after the announcement)."""
+    import threading
+
+    from components.collector.chunks import ChunkPool
+    from components.shm import FieldSpec
+
+    pool = ChunkPool([FieldSpec("x", (), "float32")], rows=[2], chunk_len=2, chunks_per_worker=2, ctx=threading)
+    writer = pool.writer(0)
+    chunk = writer.acquire(timeout=1.0)
+    chunk["x"][:] = 5.0
+    gid = writer._current
+    ring, written = pool._arena.array("ctl.ring"), pool._arena.array("ctl.written")
+    ring[int(written[0]) % ring.shape[0]] = gid  # what commit did before the kill: published, not announced
+    written[0] += 1
+    pool.reclaim(0)
+    assert pool.next_ready(timeout=1.0) == gid and pool.flat(gid)["x"].tolist() == [5.0] * 4
+    successor = pool.writer(0)
+    assert successor.acquire(timeout=1.0) is not None and successor._current != gid
+
+
+def test_a_worker_killed_while_filling_a_chunk_gives_it_to_its_successor():
+    import threading
+
+    from components.collector.chunks import ChunkPool
+    from components.shm import FieldSpec
+
+    pool = ChunkPool([FieldSpec("x", (), "float32")], rows=[2], chunk_len=2, chunks_per_worker=2, ctx=threading)
+    writer = pool.writer(0)
+    writer.acquire(timeout=1.0)
+    gid = writer._current
+    pool.reclaim(0)
+    assert pool.next_ready(timeout=0.2) is None, "never announced: nothing to deliver"
+    successor = pool.writer(0)
+    assert successor.acquire(timeout=1.0) is not None and successor._current == gid

@@ -157,9 +157,7 @@ def test_envs_of_a_restarted_worker_or_server_start_from_zero_state_and_the_rest
         for (s0, r0), (s1, r1) in zip(seq, seq[1:]):
             if s1 != s0 + 1:  # a gap: a replaced env, whose first step starts from zero state
                 restarted += 1
-                # The property: a replaced env starts from zero state. Its first row after the gap carries
-                # is_first in every run here except two under a loaded parallel suite (env 0, steps 48 and 144:
-                # is_first False, not yet explained, see the issue 26 note); the state must be zero either way.
+                assert bool(r1[IS_FIRST][0]), f"env {e} step {s1}: a restarted env's first step is not is_first"
                 assert all(bool((r1[k] == 0).all()) for k in model.recurrent_state)
             elif not bool(r0["next", "done"][0]):  # the state carried across the kill and every batch boundary
                 for k in model.recurrent_state:

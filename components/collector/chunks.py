@@ -219,10 +219,21 @@ class ChunkPool:
         never announced).
         """
         writing, nxt = self._arena.array("ctl.writing"), self._arena.array("ctl.next")
-        if writing[worker]:
-            nxt[worker] = (nxt[worker] - 1) % self.chunks_per_worker
+        ring, written = self._arena.array("ctl.ring"), self._arena.array("ctl.written")
+        take_shared_lock(self._ring_lock, _ABANDONED_LOCK_S)  # it may have died inside commit's lock
+        try:
+            if not writing[worker]:
+                return
             writing[worker] = 0
-            self._free[worker].release()
+            gid = worker * self.chunks_per_worker + (int(nxt[worker]) - 1) % self.chunks_per_worker
+            published = any(int(ring[i % ring.shape[0]]) == gid for i in range(self._read, int(written[0])))
+            if published:  # killed in commit after the ring took it, before announcing it: announced here
+                self._ready.release()
+            else:  # half-filled: its successor starts in it
+                nxt[worker] = (nxt[worker] - 1) % self.chunks_per_worker
+                self._free[worker].release()
+        finally:
+            self._ring_lock.release()
 
 
 class ChunkWriter:
@@ -281,10 +292,14 @@ class ChunkWriter:
             index = int(self._written[0])
             self._ring[index % self._ring.shape[0]] = gid
             self._written[0] = index + 1
+            # Not writing any more, in the same critical section as the publication: a reclaim (which takes
+            # this lock) after a kill sees either an unpublished chunk being written (given back to the
+            # successor) or a published one (kept). Cleared after the announcement, as before, a kill in
+            # between let the successor write into a chunk the driver was about to read.
+            self._writing[self.worker] = 0
         finally:
             self._ring_lock.release()
         self._ready.release()
-        self._writing[self.worker] = 0
 
 
 def thread_context() -> Any:
