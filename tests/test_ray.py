@@ -365,3 +365,17 @@ def test_a_host_that_failed_to_start_says_why_not_that_it_was_killed():
         CollectorError("env worker 0 failed: env 3 returned a non-finite reward nan\nmore", FailureKind.NON_FINITE))))
     assert ray_failure(wrapped, exceptions) == Failure("env worker 0 failed: env 3 returned a non-finite reward nan",
                                                        FailureKind.NON_FINITE)
+
+
+def test_a_recurrent_policy_trains_with_env_hosts_carrying_each_envs_state(two_nodes, tmp_path):
+    """model.rnn through Ray hosts: each host's worker loop carries its envs' LSTM state in its requests."""
+    run_dir = tmp_path / "lstm"
+    done = run_pipeline(["workers=ray", f"ray.address={two_nodes}", "env=no_velocity", "trainer.total_frames=4096",
+                         "trainer.target_return=null", "progress=false", "logger=jsonl", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "memory    lstm core, 1 x 64" in done.stdout
+    rows = _rows(run_dir)
+    assert rows[-1]["summary"]["frames"] == 4096
+    trained = [r for r in rows[:-1] if "train/value_loss" in r]
+    assert trained and all(r["train/value_loss"] == r["train/value_loss"] for r in trained), "finite losses"
