@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from components.envs import EnvSpec
 
 
-def _uniforms(noise: torch.Tensor | None, like: torch.Tensor, width: int) -> torch.Tensor:
+def row_uniforms(noise: torch.Tensor | None, like: torch.Tensor, width: int) -> torch.Tensor:
     """The row noise ``[rows, width]`` as ``like``'s dtype: the given one, or fresh draws from torch's RNG."""
     if noise is None:
         return torch.rand((like.shape[0], width), dtype=like.dtype, device=like.device)
@@ -62,7 +62,7 @@ class CategoricalHead(nn.Module):
     def act(self, logits: torch.Tensor, greedy: torch.Tensor | None,
             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         log_probs = F.log_softmax(logits, dim=-1)
-        action = inverse_cdf(log_probs, _uniforms(noise, logits, 1)[:, 0])
+        action = inverse_cdf(log_probs, row_uniforms(noise, logits, 1)[:, 0])
         if greedy is not None:
             action = torch.where(greedy, log_probs.argmax(-1), action)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
@@ -105,7 +105,7 @@ class MultiCategoricalHead(nn.Module):
     def act(self, logits: torch.Tensor, greedy: torch.Tensor | None,
             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         log_probs = self._log_probs(logits)
-        action = inverse_cdf(log_probs, _uniforms(noise, logits, self.noise_width))
+        action = inverse_cdf(log_probs, row_uniforms(noise, logits, self.noise_width))
         if greedy is not None:
             action = torch.where(greedy.unsqueeze(-1), log_probs.argmax(-1), action)
         log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1).sum(-1)
@@ -130,7 +130,7 @@ class BernoulliHead(nn.Module):
 
     def act(self, logits: torch.Tensor, greedy: torch.Tensor | None,
             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        action = _uniforms(noise, logits, self.dim) < torch.sigmoid(logits)
+        action = row_uniforms(noise, logits, self.dim) < torch.sigmoid(logits)
         if greedy is not None:
             action = torch.where(greedy.unsqueeze(-1), logits > 0, action)
         log_prob = self._log_prob(logits, action.to(logits.dtype))
@@ -165,7 +165,7 @@ class GaussianHead(nn.Module):
     def act(self, mean: torch.Tensor, greedy: torch.Tensor | None, log_std: torch.Tensor | None = None,
             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         log_std = self.log_std if log_std is None else log_std
-        action = mean + log_std.exp() * box_muller(_uniforms(noise, mean, self.noise_width))
+        action = mean + log_std.exp() * box_muller(row_uniforms(noise, mean, self.noise_width))
         if greedy is not None:
             action = torch.where(greedy.unsqueeze(-1), mean, action)
         return action.reshape(action.shape[0], *self.shape), self._log_prob(mean, action, log_std)
@@ -194,7 +194,7 @@ def epsilon_greedy(q: torch.Tensor, epsilon: torch.Tensor, modes: torch.Tensor |
     uniforms (see the module docstring), two per row.
     """
     greedy = q.argmax(-1)
-    u = _uniforms(noise, q, EPSILON_NOISE_WIDTH)
+    u = row_uniforms(noise, q, EPSILON_NOISE_WIDTH)
     explore = u[:, 0] < epsilon
     if modes is not None:
         explore &= modes == random_mode

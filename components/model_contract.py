@@ -36,7 +36,7 @@ import numpy as np
 from components.envs import EnvSpec
 
 #: what each trainer calls on its model, beyond ``act``
-NEEDS = {"ppo": ("act", "evaluate", "value"), "dqn": ("act", "forward")}
+NEEDS = {"ppo": ("act", "evaluate", "value"), "dqn": ("act", "forward"), "sac": ("act", "sample")}
 
 
 class ModelContractError(ValueError):
@@ -116,6 +116,15 @@ def check_model(model: Any, spec: EnvSpec, trainer: str, rows: int = 2) -> None:
                 _rows("value", model.value(obs), (rows,), "f", f"{name}.value")
             elif trainer == "dqn":
                 _rows("action values", model(obs), (rows, spec.action_n), "f", f"{name}.forward")
+        if trainer == "sac":  # with gradients: the actor's loss backpropagates through the sampled action
+            result = model.sample(obs)
+            if not isinstance(result, tuple) or len(result) != 2:
+                raise ModelContractError(f"{name}.sample returned {type(result).__name__}; expected (action, log_prob)")
+            _rows("action", result[0], (rows, *spec.action_shape), "f", f"{name}.sample")
+            _rows("log_prob", result[1], (rows,), "f", f"{name}.sample")
+            if not result[0].requires_grad:
+                raise ModelContractError(f"{name}.sample returned an action without a gradient; SAC's actor loss "
+                                         "needs a reparameterised (differentiable) draw")
     except ModelContractError:
         raise
     except Exception as err:  # noqa: BLE001 - the user's code: its error, named, in one line

@@ -88,6 +88,9 @@ class TensorDictPolicy(nn.Module):
 
     def missing_for(self, trainer: str) -> str | None:
         """Why this network cannot be trained by ``trainer`` (None if it can): checked at plan time."""
+        if trainer == "sac":
+            return ("a TensorDictModule is trained by trainer=ppo or trainer=dqn; trainer=sac needs an actor with "
+                    "sample(obs) -> (action, log_prob) (see components/sac_models.py)")
         wanted = {"actor": self.has_actor, "state_value": self.has_value, "action_value": self.has_q}
         missing = [self.actor_key if k == "actor" else k for k in TRAINER_KEYS.get(trainer, ()) if not wanted[k]]
         if not missing:

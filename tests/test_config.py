@@ -32,6 +32,8 @@ def option_overrides(group: str, option: str) -> list[str]:
         overrides.append("trainer=dqn")
     if group == "trainer" and option.startswith("dqn"):
         overrides.append("replay=uniform")
+    if group == "trainer" and option == "sac":
+        overrides += ["env=box2d", "env.id=BipedalWalker-v3"]  # continuous actions, no sac preset over its values
     return overrides
 
 

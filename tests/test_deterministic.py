@@ -18,6 +18,8 @@ from tests.conftest import ROOT, run_pipeline
 
 COMMON = ["seed=3", "trainer.target_return=null", "deterministic=true", "logger=jsonl", "progress=false",
           "checkpoint.interval=null"]
+SMALL_SAC = ["trainer.total_frames=3072", "trainer.learning_starts=512", "model.hidden=[32,32]",
+             "trainer.critic_hidden=[32,32]", "trainer.updates_per_frame=0.5", "torch_threads=1"]
 CASES = {
     "ppo-thread-workers": ["trainer.total_frames=6144", "workers=thread"],
     "ppo-process-workers-process-server": ["trainer.total_frames=6144", "workers=process", "server=process",
@@ -35,6 +37,8 @@ CASES = {
                                            "trainer.learning_starts=512", "trainer.updates_per_batch=8",
                                            "eval.interval=2048", "eval.episodes=2",
                                            "workers=process", "server=process", "transport=slots"],
+    # SAC on Pendulum with small networks: the actor's sampling noise per env, replay sampling, the updates owed
+    "sac-thread-workers": ["env=classic", "trainer=sac", *SMALL_SAC, "workers=thread"],
 }
 
 
@@ -69,8 +73,8 @@ def test_two_deterministic_runs_write_the_same_rows_and_weights(case, tmp_path):
     assert summary["config_hash"] == second[-1]["summary"]["config_hash"]
     if "eval.interval" in " ".join(CASES[case]):
         assert any("eval/return_mean" in r for r in first), "the evaluations were logged"
-    if "dqn" in case:
-        assert any("train/loss" in r for r in first), "it learned"
+    if "dqn" in case or "sac" in case:
+        assert any("train/loss" in r or "train/q_loss" in r for r in first), "it learned"
     else:
         assert all(r["collector/policy_lag_max"] == 0 for r in first if "collector/policy_lag_max" in r)
     wa, wb = (_weights(d) for d in dirs)
@@ -114,6 +118,10 @@ RESUMABLE = {
                                            "eval.interval=1024", "eval.episodes=2",
                                            "workers=process", "server=process", "transport=slots",
                                            "checkpoint.frames=2048"],
+    # the memory replay is in each checkpoint: the resumed run samples what the uninterrupted one did
+    "sac-process-workers-process-server": ["env=classic", "trainer=sac", *SMALL_SAC[1:], "trainer.total_frames=4096",
+                                           "workers=process", "server=process", "transport=slots",
+                                           "checkpoint.frames=1024"],
 }
 
 

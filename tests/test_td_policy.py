@@ -70,6 +70,8 @@ def test_continuous_actions_read_loc_and_an_optional_scale():
     check_model(without, spec, "ppo")
     with pytest.raises(ModelContractError, match="writes no 'state_value'; trainer=ppo needs it"):
         check_model(with_scale, spec, "ppo")
+    with pytest.raises(ModelContractError, match="trainer=sac needs an actor with sample"):
+        check_model(without, spec, "sac")
 
 
 def test_action_values_act_epsilon_greedily_and_masks_hold():

@@ -110,6 +110,9 @@ class ReplayBuffer:
         self._lock = threading.Lock()
         self._sample_calls = 0
         self._counts = {"sampled": 0, "rejected_stale": 0, "rejected_invalid": 0}
+        #: rows ever written (len() stops at the capacity): how a trainer that owes updates per collected row
+        #: (SAC's updates_per_frame) knows how much data it has got; saved with the buffer
+        self.written = 0
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -130,6 +133,7 @@ class ReplayBuffer:
         prepared = self.storage.prepare(batch)  # lock-free: validation, device moves, hashing
         with self._lock:
             indices = self.storage.write(prepared)
+            self.written += int(indices.shape[0])
             if self._tree is not None:
                 self._tree.update(indices.cpu().numpy(), self._max_priority**self.alpha)
         return indices
@@ -257,6 +261,7 @@ class ReplayBuffer:
                 "sample_calls": self._sample_calls,
                 "rng": self._rng.bit_generator.state,
                 "counts": dict(self._counts),
+                "written": self.written,
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -271,3 +276,4 @@ class ReplayBuffer:
             self._sample_calls = int(state["sample_calls"])
             self._rng.bit_generator.state = state["rng"]
             self._counts = dict(state["counts"])
+            self.written = int(state.get("written", len(self.storage)))  # older checkpoints: at least what is kept

@@ -2,7 +2,7 @@
 
 For each case of the suite (env, algorithm preset, frame budget, target) and
 each seed it runs ``python -m pipeline`` and the in-repo single-file
-reference (:mod:`pipeline.bench.reference_ppo`) with the *same*
+reference (:mod:`pipeline.bench.reference_ppo`, ``reference_rppo``, ``reference_sac``) with the *same*
 hyper-parameters (read from the composed config), one after the other, and
 prints a table of medians over seeds: final and best mean training return,
 the greedy evaluation return of the final policy, frames and wall time to
@@ -52,6 +52,10 @@ SUITE: dict[str, Case] = {
     "cartpole_novel": Case(["env=no_velocity"], 150_000, 475.0, "CartPole-v1", "specialize/ppo_no_velocity.yaml"),
     "cartpole_novel_ff": Case(["env=no_velocity", "model.rnn=null"], 150_000, 475.0, "CartPole-v1",
                               "specialize/ppo_no_velocity.yaml with model.rnn=null", has_reference=False),
+    # SAC against the sequential CleanRL-style reference (pipeline/bench/reference_sac.py), same updates per frame
+    "pendulum_sac": Case(["env=classic", "trainer=sac"], 20_000, -200.0, "Pendulum-v1", "specialize/sac_classic.yaml"),
+    "halfcheetah_sac": Case(["env=mujoco", "trainer=sac"], 100_000, None, "HalfCheetah-v5",
+                            "specialize/sac_mujoco.yaml"),
 }
 
 
@@ -68,6 +72,8 @@ def _compose(overrides: list[str]) -> Any:
 def reference_args(cfg: Any) -> list[str]:
     """The reference's command-line flags for the hyper-parameters of ``cfg`` (a composed pipeline config)."""
     t, m = cfg.trainer, cfg.model
+    if str(t.name) == "sac":
+        return sac_args(cfg)
     return ["--num-envs", str(cfg.env.num_envs), "--frames-per-batch", str(t.frames_per_batch), "--lr", str(t.lr),
             "--anneal-lr", str(int(t.anneal_lr)), "--gamma", str(t.gamma), "--gae-lambda", str(t.gae_lambda),
             "--minibatches", str(t.minibatches), "--epochs", str(t.epochs), "--clip-coef", str(t.clip_coef),
@@ -76,6 +82,17 @@ def reference_args(cfg: Any) -> list[str]:
             *(() if m.get("rnn") is not None else  # the recurrent reference takes the two apart (recurrent_args)
               ("--normalize", str(int(bool(m.get("obs_norm", False)) or bool(t.get("reward_scale", False)))))),
             "--hidden", str(int(m.hidden[0]))] + recurrent_args(cfg)
+
+
+def sac_args(cfg: Any) -> list[str]:
+    """The SAC reference's flags: the same envs, networks, rates, ratio and warm-up (its critics: hidden[0] wide)."""
+    t = cfg.trainer
+    return ["--num-envs", str(cfg.env.num_envs), "--buffer-size", str(cfg.replay.capacity), "--gamma", str(t.gamma),
+            "--tau", str(t.tau), "--batch-size", str(t.batch_size), "--learning-starts", str(t.learning_starts),
+            "--policy-lr", str(t.actor_lr), "--q-lr", str(t.critic_lr), "--alpha-lr", str(t.alpha_lr),
+            "--policy-frequency", str(t.policy_frequency), "--target-network-frequency", str(t.target_update_period),
+            "--alpha", str(t.alpha), "--autotune", str(int(t.autotune)), "--updates-per-frame", str(t.updates_per_frame),
+            "--hidden", str(int(cfg.model.hidden[0])), "--threads", str(int(cfg.torch_threads))]
 
 
 def recurrent_args(cfg: Any) -> list[str]:
@@ -92,7 +109,9 @@ def recurrent_args(cfg: Any) -> list[str]:
 
 
 def reference_module(cfg: Any) -> str:
-    """The CleanRL-style reference with the same model kind: recurrent PPO for a model.rnn, else plain PPO."""
+    """The CleanRL-style reference of the same algorithm and model kind: SAC, recurrent PPO, or plain PPO."""
+    if str(cfg.trainer.name) == "sac":
+        return "pipeline.bench.reference_sac"
     return "pipeline.bench.reference_rppo" if cfg.model.get("rnn") is not None else "pipeline.bench.reference_ppo"
 
 
@@ -107,12 +126,13 @@ def read_run(run_dir: Path, target: float | None) -> dict[str, float | None]:
             summary = row["summary"]
         else:
             rows.append(row)
+    updates = [r["train/updates"] for r in rows if isinstance(r.get("train/updates"), (int, float))]
     curve = [(r["frames"], r.get("time"), r["episode/return_mean"]) for r in rows
              if isinstance(r.get("episode/return_mean"), (int, float))]
     reached = next(((f, t) for f, t, ret in curve if target is not None and ret >= target), (None, None))
     return {"final": summary.get("episode/return_mean"), "best": max((c[2] for c in curve), default=None),
             "eval": summary.get("eval/return_mean"), "frames_to_target": reached[0], "time_to_target": reached[1],
-            "wall": summary.get("wall_time_s")}
+            "wall": summary.get("wall_time_s"), "updates": summary.get("train/updates", updates[-1] if updates else None)}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -196,18 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                           _median([r["final"] for r in runs]), _median([r["best"] for r in runs]),
                           _median([r["eval"] for r in runs]), case.target, reached, len(runs),
                           _median([r["frames_to_target"] for r in runs]), _median([r["time_to_target"] for r in runs]),
-                          _median([r["wall"] for r in runs])))
+                          _median([r["wall"] for r in runs]), _median([r.get("updates") for r in runs])))
     print(f"\nmedians over seeds {', '.join(map(str, seeds))}; runs in {out} (python -m pipeline.report {out})")
     print("| case | implementation | frames | final return | best return | greedy eval | target | reached "
-          "| frames to target | s to target | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, impl, frames, final, best, ev, target, reached, n, ftt, ttt, wall in table:
+          "| frames to target | s to target | wall s | gradient steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, impl, frames, final, best, ev, target, reached, n, ftt, ttt, wall, steps in table:
         print(f"| {name} | {impl} | {frames:,} | {_fmt(final)} | {_fmt(best)} | {_fmt(ev)} | {_fmt(target, 0)} "
-              f"| {reached}/{n} | {_fmt(ftt, 0)} | {_fmt(ttt)} | {_fmt(wall)} |")
+              f"| {reached}/{n} | {_fmt(ftt, 0)} | {_fmt(ttt)} | {_fmt(wall)} | {_fmt(steps, 0)} |")
     with open(out / "learn.jsonl", "w", encoding="utf-8") as fh:
         for row in table:
             fh.write(json.dumps(dict(zip(("case", "implementation", "frames", "final", "best", "eval", "target",
-                                          "reached", "seeds", "frames_to_target", "time_to_target", "wall"), row)))
+                                          "reached", "seeds", "frames_to_target", "time_to_target", "wall",
+                                          "updates"), row)))
                      + "\n")
     return 0
 

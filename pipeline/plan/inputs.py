@@ -131,7 +131,7 @@ def plan_config(cfg: DictConfig, machine: Machine, count_trainer: bool = True) -
     from pipeline.plan.model_spec import build_model, model_spec_for
 
     env_factory, env_spec = build_env(cfg)
-    if str(cfg.trainer.name) in ("ppo", "dqn"):  # a wrong model is one line now, not a failed probe or worker
+    if str(cfg.trainer.name) in ("ppo", "dqn", "sac"):  # a wrong model is one line now, not a failed probe or worker
         build_model(cfg, model_spec_for(cfg), env_spec)
     costs = layout_costs(cfg, env_factory, env_spec, machine, count_trainer)
     return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)

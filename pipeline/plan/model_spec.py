@@ -62,8 +62,13 @@ def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
     and server, in torch's words.
     """
     from components.model_contract import ModelContractError, check_model
-    from pipeline.plan.rules import NUMPY_MODELS, RECURRENT_MODEL
+    from pipeline.plan.rules import NUMPY_MODELS, RECURRENT_MODEL, SAC_ACTOR
 
+    if str(cfg.trainer.name) == "sac" and env_spec.action_kind != "continuous":
+        kind = {"discrete": "Discrete", "multi_discrete": "MultiDiscrete",
+                "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
+        raise ConfigError(f"trainer=sac: env.id={cfg.env.id!r} has {kind} actions; SAC needs continuous (Box) ones "
+                          "(use trainer=dqn or trainer=ppo)")
     if str(cfg.trainer.name) == "dqn" and env_spec.action_kind != "discrete":
         kind = {"continuous": "continuous (Box)", "multi_discrete": "MultiDiscrete",
                 "multi_binary": "MultiBinary"}.get(env_spec.action_kind, env_spec.action_kind)
@@ -73,7 +78,7 @@ def build_model(cfg: DictConfig, model_spec: Any, env_spec: Any) -> Any:
         model = model_spec.build(env_spec)
     except (ValueError, KeyError, TypeError) as err:
         text = str(err).strip("'\"")
-        if model_spec.target not in (*NUMPY_MODELS, RECURRENT_MODEL):  # the user's class: its own words, named
+        if model_spec.target not in (*NUMPY_MODELS, RECURRENT_MODEL, SAC_ACTOR):  # the user's class: its words, named
             raise ConfigError(f"model._target_={model_spec.target!r}: {type(err).__name__}: {text}") from None
         raise ConfigError(text if text.startswith("model.") else f"model.encoder={str(cfg.model.encoder)!r}: {text}") \
             from None

@@ -274,7 +274,8 @@ def trainer_load(trainer: Any) -> tuple[int, float]:
     """(rows per gradient step, gradient steps per collected frame) of a trainer config.
 
     PPO passes over each batch ``epochs`` times in ``minibatches`` steps; DQN
-    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch. A
+    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch, SAC
+    ``updates_per_frame`` per frame (each counted as 4 steps of the served actor). A
     trainer with neither is not counted (0 steps).
     """
     frames = max(1, int(trainer.frames_per_batch))
@@ -283,6 +284,10 @@ def trainer_load(trainer: Any) -> tuple[int, float]:
         return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
     if "updates_per_batch" in trainer:
         return max(1, int(trainer.batch_size)), int(trainer.updates_per_batch) / frames
+    if "updates_per_frame" in trainer:
+        # SAC: per critic step, the critics' forward and backward on the batch and on the actor's draw, the
+        # target critics and the actor's sample of the next observations: about 4 of the actor's steps
+        return max(1, int(trainer.batch_size)), 4.0 * float(trainer.updates_per_frame)
     return 1, 0.0
 
 

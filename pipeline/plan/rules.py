@@ -20,6 +20,8 @@ from pipeline.plan.choice import Choice
 NUMPY_MODELS = ("components.models.ActorCritic", "components.models.QNetwork")
 #: the built-in actor-critic with a recurrent core (``model.rnn``): what ``model._target_`` ActorCritic becomes
 RECURRENT_MODEL = "components.recurrent.RecurrentActorCritic"
+#: trainer=sac's served actor (its critics are the trainer's own)
+SAC_ACTOR = "components.sac_models.SquashedGaussianActor"
 
 #: Fewest transitions per message that chunking=auto gives process workers and Ray hosts:
 #: below that the driver's per-message work competes with training.

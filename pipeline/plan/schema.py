@@ -18,6 +18,7 @@ from components.kinds import (Activation, RecurrentCore, ChunkingMode, Direction
                               ReplayStorage, ServerKind, TransportKind, WandbMode, WorkerKind, WorkersBackend)
 from components.trainers.dqn import DQNConfig
 from components.trainers.ppo import PPOConfig
+from components.trainers.sac import SACConfig
 
 
 @dataclass
@@ -181,6 +182,9 @@ class ReplaySchema:
     eps: float = 1e-6
     #: samples older than this many policy versions are not returned (null: no filter)
     max_policy_lag: int | None = None
+    #: a memory replay goes into each checkpoint while its rows take at most this many MB (null: never; a disk
+    #: replay is always saved, by reference to its files; deterministic=true always saves it)
+    checkpoint_max_mb: float | None = 1024.0
 
 
 @dataclass
@@ -191,6 +195,11 @@ class PPOSchema(PPOConfig):
 @dataclass
 class DQNSchema(DQNConfig):
     _target_: str = "components.trainers.dqn.DQNTrainer"
+
+
+@dataclass
+class SACSchema(SACConfig):
+    _target_: str = "components.trainers.sac.SACTrainer"
 
 
 @dataclass
@@ -329,7 +338,7 @@ class Config:
     logger: LoggerSchema = MISSING
     #: one seed for everything: env seeds, sampling, network init
     seed: int = 0
-    #: torch intra-op threads of the driver (trainer, thread server)
+    #: torch intra-op threads of the driver (trainer, thread server); trainer=sac sets 2
     torch_threads: int = 1
     #: a reproducible run: lockstep collection, fixed batches, rows at frame counts (slower; docs/configuration.md)
     deterministic: bool = False
@@ -375,6 +384,7 @@ def register() -> None:
         ("replay", "base_replay", ReplaySchema),
         ("trainer", "base_ppo", PPOSchema),
         ("trainer", "base_dqn", DQNSchema),
+        ("trainer", "base_sac", SACSchema),
         ("logger", "base_logger", LoggerSchema),
         ("eval", "base_eval", EvalSchema),
     ):

@@ -75,7 +75,9 @@ _DEVICE_KEYS = ("policy_device", "trainer_device", "storing_device")
 _FRAME_DEDUP = ("auto", "true", "false")
 
 #: a key only one algorithm's trainer node has -> that algorithm
-_ALGORITHM_KEYS = (("updates_per_batch", "dqn"), ("clip_coef", "ppo"))
+_ALGORITHM_KEYS = (("updates_per_batch", "dqn"), ("clip_coef", "ppo"), ("updates_per_frame", "sac"))
+#: the trainer group's options
+ALGORITHMS = ("ppo", "dqn", "sac")
 
 
 _DOTTED_CLASS = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
@@ -102,19 +104,40 @@ def _check_device(cfg: DictConfig, key: str, cuda_available: bool, cuda_count: i
             raise ConfigError(f"{key}={value!r}: this machine has {cuda_count} CUDA device(s)")
 
 
+def _check_sac(cfg: DictConfig) -> None:
+    positive = (lambda v: v > 0, "> 0")
+    for key in ("batch_size", "policy_frequency", "target_update_period", "n_step"):
+        _check(cfg, f"trainer.{key}", *positive)
+    _check(cfg, "trainer.updates_per_frame", lambda v: math.isfinite(v) and v > 0,
+           "> 0 (critic gradient steps per collected transition, e.g. 1.0)")
+    _check(cfg, "trainer.learning_starts", lambda v: v >= 0, ">= 0")
+    _check(cfg, "trainer.tau", lambda v: 0 < v <= 1, "in (0, 1]")
+    _check(cfg, "trainer.alpha", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+    if _get(cfg, "trainer.target_entropy", "a number or null") is not None:
+        _check(cfg, "trainer.target_entropy", math.isfinite, "a finite number (or null: -|A|)")
+    hidden = _get(cfg, "trainer.critic_hidden", "a list of widths")
+    if not hidden or any(int(h) < 1 for h in hidden):
+        raise ConfigError(f"trainer.critic_hidden={list(hidden) if hidden else hidden}: must be a non-empty list of "
+                          "widths >= 1")
+    _one_of(cfg, "trainer.critic_activation", ("relu", "tanh"))
+    batch_size, capacity = _get(cfg, "trainer.batch_size", "> 0"), _get(cfg, "replay.capacity", "> 0")
+    if batch_size > capacity:
+        raise ConfigError(f"trainer.batch_size={batch_size}: must be <= replay.capacity={capacity}")
+
+
 def trainer_algorithm(cfg: DictConfig) -> str:
-    """The algorithm the trainer group composed (``ppo`` or ``dqn``), read from the node's keys.
+    """The algorithm the trainer group composed (``ppo``, ``dqn`` or ``sac``), read from the node's keys.
 
     ``trainer.name`` is only a label; a DQN node has ``updates_per_batch``,
-    a PPO node ``clip_coef``.
+    a PPO node ``clip_coef``, a SAC node ``updates_per_frame``.
     """
-    node = _get(cfg, "trainer", "a trainer group option (trainer=ppo or trainer=dqn)")
+    node = _get(cfg, "trainer", "a trainer group option (trainer=ppo, trainer=dqn or trainer=sac)")
     if isinstance(node, DictConfig):
         for key, algorithm in _ALGORITHM_KEYS:
             if key in node:
                 return algorithm
-    raise ConfigError("trainer=<unknown>: must be a trainer group option, trainer=ppo or trainer=dqn "
-                      "(the node has neither trainer.clip_coef nor trainer.updates_per_batch)")
+    raise ConfigError("trainer=<unknown>: must be a trainer group option, trainer=ppo, trainer=dqn or trainer=sac "
+                      "(the node has none of trainer.clip_coef, trainer.updates_per_batch, trainer.updates_per_frame)")
 
 
 def validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int = 0, check_env: bool = True) -> None:
@@ -281,15 +304,16 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
     algorithm = trainer_algorithm(cfg)
     name = get("trainer.name")
     if name != algorithm:
-        if name in ("ppo", "dqn"):
+        if name in ALGORITHMS:
             raise ConfigError(f"trainer.name={name!r}: the algorithm is chosen with the trainer group "
                               f"(trainer={name}), not trainer.name (this config composes trainer={algorithm})")
         raise ConfigError(f"trainer.name={name!r}: must be {algorithm!r}, the algorithm of the trainer group "
-                          f"(choose it with trainer=ppo or trainer=dqn)")
+                          f"(choose it with trainer=ppo, trainer=dqn or trainer=sac)")
     if algorithm == "ppo" and replay_kind != "none":
         raise ConfigError(f"replay.kind={replay_kind!r}: trainer=ppo learns on-policy, use replay=none")
-    if algorithm == "dqn" and replay_kind == "none":
-        raise ConfigError("replay.kind='none': trainer=dqn needs a replay buffer (replay=uniform or replay=prioritized)")
+    if algorithm in ("dqn", "sac") and replay_kind == "none":
+        raise ConfigError(f"replay.kind='none': trainer={algorithm} needs a replay buffer (replay=uniform or "
+                          "replay=prioritized)")
     if replay_kind != "none":
         # YAML and Hydra read true/false as booleans and the str field keeps them as 'True'/'False'
         _check(cfg, "replay.frame_dedup", lambda v: str(v).lower() in _FRAME_DEDUP,
@@ -300,11 +324,16 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
         _check(cfg, "replay.eps", lambda v: v > 0, "> 0")
         if get("replay.max_policy_lag") is not None:
             _check(cfg, "replay.max_policy_lag", lambda v: v >= 0, ">= 0 (or null)")
+        if get("replay.checkpoint_max_mb") is not None:
+            _check(cfg, "replay.checkpoint_max_mb", lambda v: v >= 0, ">= 0 MB (or null: never in checkpoints)")
     for key in ("frames_per_batch", "total_frames", "target_window"):
         _check(cfg, f"trainer.{key}", *positive)
-    _check(cfg, "trainer.lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+    learning_rate = (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+    for key in ("actor_lr", "critic_lr", "alpha_lr") if algorithm == "sac" else ("lr",):
+        _check(cfg, f"trainer.{key}", *learning_rate)
     _check(cfg, "trainer.gamma", lambda v: 0 < v <= 1, "in (0, 1]")
-    _check(cfg, "trainer.max_grad_norm", *non_negative)
+    if algorithm != "sac" or get("trainer.max_grad_norm") is not None:
+        _check(cfg, "trainer.max_grad_norm", *non_negative)
     frames_per_batch = get("trainer.frames_per_batch")
     if algorithm == "ppo":
         for key in ("epochs", "minibatches"):
@@ -323,6 +352,8 @@ def _validate(cfg: DictConfig, *, cuda_available: bool, cuda_count: int, check_e
         minibatches = get("trainer.minibatches")
         if minibatches > frames_per_batch:
             raise ConfigError(f"trainer.minibatches={minibatches}: must be <= trainer.frames_per_batch={frames_per_batch}")
+    elif algorithm == "sac":
+        _check_sac(cfg)
     else:
         for key in ("batch_size", "updates_per_batch", "target_update_period", "n_step"):
             _check(cfg, f"trainer.{key}", *positive)

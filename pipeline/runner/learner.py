@@ -8,6 +8,8 @@ a :class:`~pipeline.plan.validate.ConfigError`, one line before anything starts.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,25 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
     """
     model_spec = model_spec_for(cfg)
     model = build_model(cfg, model_spec, env_spec)
-    trainer = instantiate(cfg.trainer, model=model, device=plan.trainer_device,
-                          policy_version=int(cfg.collector.policy_version), _convert_="all")
+    # a trainer with networks of its own beside the served one (SAC's critics) builds them from the env spec
+    # (given to the partial, not to instantiate: Hydra would turn the spec into a config node)
+    extra = {"env_spec": env_spec} if _takes_env_spec(str(cfg.trainer._target_)) else {}
+    make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
+    trainer = make(model=model, device=plan.trainer_device, policy_version=int(cfg.collector.policy_version),
+                   **extra)
     if not isinstance(trainer, Trainer):
         raise ConfigError(f"trainer._target_={cfg.trainer._target_!r}: not a Trainer "
                           "(needs on_policy, policy_version, update, state_dict)")
     return model_spec, trainer
+
+
+def _takes_env_spec(trainer_target: str) -> bool:
+    from hydra.utils import get_class
+
+    try:
+        return "env_spec" in inspect.signature(get_class(trainer_target)).parameters
+    except Exception:  # noqa: BLE001 - an unimportable target is reported by instantiate, in its words
+        return False
 
 
 def post_collect_hook(cfg: DictConfig) -> Any:
@@ -66,7 +81,9 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple
         storage: Any = FrameStackStorage(int(r.capacity), path=path)
     else:
         storage = TensorStorage(int(r.capacity), device=plan.storing_device if path is None else "cpu", path=path)
-    updates = max(1, algo.total_frames // algo.frames_per_batch * algo.updates_per_batch)
+    per_batch = getattr(algo, "updates_per_batch", None)  # SAC: updates_per_frame
+    per_batch = per_batch if per_batch is not None else algo.updates_per_frame * algo.frames_per_batch
+    updates = max(1, int(algo.total_frames // algo.frames_per_batch * per_batch))
     buffer = ReplayBuffer(storage, sampler=str(r.kind), alpha=float(r.alpha), beta=float(r.beta),
                           beta_steps=updates, eps=float(r.eps), max_policy_lag=r.max_policy_lag, seed=int(cfg.seed))
     return buffer, NStepReturns(int(algo.n_step), float(algo.gamma))
@@ -77,3 +94,35 @@ def final_write_bytes(trainer: Trainer, cfg: DictConfig) -> int:
     model = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
     replay = 16 * int(cfg.replay.capacity) if cfg.replay.kind != "none" and cfg.replay.storage == "disk" else 0
     return 4 * model + replay + (8 << 20)
+
+
+class ReplayInCheckpoints:
+    """Whether the next checkpoint holds the replay: always on disk (by reference) and when deterministic,
+    else while a memory replay's rows fit ``replay.checkpoint_max_mb`` (a resumed run then samples what the
+    killed one would have; one note, once, when they stop fitting)."""
+
+    def __init__(self, buffer: Any, cfg: DictConfig, deterministic: bool) -> None:
+        self.buffer = buffer
+        self.always = buffer is not None and (cfg.replay.storage == "disk" or deterministic)
+        limit = cfg.replay.get("checkpoint_max_mb") if buffer is not None else None
+        self.limit_bytes = None if limit is None else float(limit) * 1e6
+        self.noted = False
+
+    def rows_bytes(self) -> float:
+        storage = self.buffer.storage
+        return storage.nbytes * len(storage) / max(1, storage.capacity)
+
+    def __call__(self) -> bool:
+        if self.buffer is None:
+            return False
+        if self.always:
+            return True
+        if self.limit_bytes is None:
+            return False
+        fits = self.rows_bytes() <= self.limit_bytes
+        if not fits and not self.noted:
+            self.noted = True
+            print(f"note: the memory replay's rows ({self.rows_bytes() / 1e6:,.0f} MB) are past "
+                  f"replay.checkpoint_max_mb={self.limit_bytes / 1e6:g}: checkpoints no longer hold them (a resumed "
+                  "run refills its replay; replay.storage=disk keeps it)", file=sys.stderr, flush=True)
+        return fits

@@ -1,4 +1,4 @@
-"""The trainer loops: on-policy (PPO) and off-policy from replay (DQN).
+"""The trainer loops: on-policy (PPO) and off-policy from replay (DQN, SAC).
 
 Both report through a :class:`Reporter`: progress bar, a metrics row every
 ``logger.interval`` seconds (train/*, collector/*, server/*, replay/*,
@@ -255,6 +255,9 @@ class Reporter:
             return
         if "policy_loss" in train:
             loss = f"loss {train['policy_loss']:+.3f}/{train['value_loss']:.3f}"
+        elif "q_loss" in train:
+            loss = (f"q loss {train['q_loss']:.3f} actor {train.get('actor_loss', float('nan')):+.2f} "
+                    f"alpha {train.get('alpha', float('nan')):.3f}")
         elif "loss" in train:
             loss = f"loss {train['loss']:.4f} q {train['q_mean']:.2f} eps {train.get('epsilon', 0):.2f}"
         else:

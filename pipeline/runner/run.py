@@ -38,7 +38,8 @@ from components.trainers.base import NonFiniteError
 from pipeline.runner.budgets import check_budgets
 from pipeline.runner.collection import build_collector
 from pipeline.runner.evaluation_setup import EvalSetup, EvaluationError, build_evaluator, prepare_evaluation
-from pipeline.runner.learner import build_learner, build_replay, final_write_bytes, post_collect_hook
+from pipeline.runner.learner import ReplayInCheckpoints, build_learner, build_replay, final_write_bytes, \
+    post_collect_hook
 from pipeline.runner.checkpoints import Checkpointer, close_open_windows, restart_collector
 from pipeline.runner.loops import Reporter, run_off_policy, run_on_policy, task_episodes
 from pipeline.plan import Choice, Machine, Plan
@@ -208,11 +209,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                         tasks=task_episodes(env_factory, algo.target_window), deterministic=plan.deterministic)
     if restored is not None:
         restore_episodes(reporter.tracker, restored["episodes"])
-    disk_replay = buffer is not None and cfg.replay.storage == "disk"
+    replay_saved = ReplayInCheckpoints(buffer, cfg, plan.deterministic)
 
     def state(stop_reason: str) -> dict[str, Any]:
-        # a memory replay too when deterministic: the resumed run must sample what the uninterrupted one does
-        saved_replay = buffer if disk_replay or plan.deterministic else None
+        saved_replay = buffer if replay_saved() else None
         out = run_state(trainer=trainer, frames=reporter.collector.frames, config=resolved, model_spec=model_spec,
                         env_spec=env_spec, tracker=reporter.tracker, stop_reason=stop_reason,
                         wandb_id=logger.wandb_id, replay=saved_replay, nstep=nstep)
@@ -223,9 +223,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     interval = None if plan.deterministic or cfg.checkpoint.interval is None else float(cfg.checkpoint.interval)
     every = OmegaConf.select(cfg, "checkpoint.frames", default=None)
     if cfg.checkpoint.enabled and (interval is not None or every):
-        # A disk replay is saved by reference to its files: pause the writer so they match the state.
+        # a saved replay must match the n-step windows beside it (a disk one, its files): the writer pauses
         reporter.checkpointer = Checkpointer(checkpoint_path, interval, lambda: state("checkpoint"),
-                                             pause=(lambda: reporter.collector.pause()) if disk_replay else None,
+                                             pause=(lambda: reporter.collector.pause()) if buffer is not None else None,
                                              every_frames=int(every) if every else None, start_frames=start_frames)
     if plan.deterministic:  # restart points at its checkpoints, RNGs re-seeded as a resumed run's
         reporter.make_restart = lambda old: restart_collector(old, make_collector, trainer, nstep, buffer)
