@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -498,3 +499,28 @@ def tensordict_actor_only(spec):  # noqa: ANN001, ANN201 - writes no state_value
 
     return TensorDictModule(torch.nn.Linear(int(np.prod(spec.obs_shape)), spec.action_n),
                             in_keys=["observation"], out_keys=["logits"])
+
+
+_HOOK_BATCHES = [0]
+
+
+def sigterm_inside_a_c_call(batch) -> None:  # noqa: ANN001
+    """A ``collector.post_collect_hook`` whose third batch meets SIGTERM as a Cython call would hand it on.
+
+    Ray's ``CoreWorker.wait`` (where a Ray run's driver spends its time)
+    turns the exception a signal handler raises during the call into
+    ``SystemError: ... returned a result with an exception set``, the
+    interrupt only as its context; this does the same with a real signal.
+    """
+    import signal as signals
+    import time as clock
+
+    _HOOK_BATCHES[0] += 1
+    if _HOOK_BATCHES[0] != 3:
+        return
+    try:
+        os.kill(os.getpid(), signals.SIGTERM)
+        clock.sleep(5.0)  # the runner's handler raises here
+    except BaseException:  # noqa: BLE001 - wrapped as the C extension does, context kept
+        raise SystemError("<cyfunction CoreWorker.wait at 0x0> returned a result with an exception set")  # noqa: B904
+    raise AssertionError("SIGTERM did not interrupt the hook")

@@ -82,6 +82,27 @@ def signals_raise(signals: dict[int, Any]) -> Iterator[None]:
                 continue
 
 
+def wrapped_interrupt(err: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM behind ``err``, when a C extension turned it into another exception.
+
+    A signal handler's exception raised while a Cython call runs (Ray's
+    ``CoreWorker.wait``) comes back as ``SystemError: ... returned a result
+    with an exception set``, the interrupt only in its context. Such a run
+    was interrupted, not failed: it must end as one (exit 130, checkpoint,
+    summary) instead of with a traceback.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, Interrupted)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(err, SystemError) and _PENDING:  # the context was dropped, the signal's note was not
+        return Interrupted(_PENDING[0])
+    return None
+
+
 def raise_if_pending() -> None:
     """Raise ``KeyboardInterrupt`` if a signal arrived whose exception someone swallowed."""
     if _PENDING:

@@ -305,3 +305,17 @@ def test_a_disk_that_fills_up_mid_run_is_one_line_and_exit_1_with_summary_and_ch
     state = torch.load(out / "run" / "checkpoint.pt", weights_only=True)
     assert state["frames"] == summary["frames"] and state["stop_reason"] == summary["stop_reason"]
     assert not (out / "run" / ".disk_reserve").exists()
+
+
+def test_sigterm_that_a_c_extension_wraps_in_a_system_error_still_ends_as_an_interrupted_run(tmp_path):
+    # Seen in CI with workers=ray: SIGTERM landed inside ray.wait, which raised SystemError; the run left
+    # with a traceback and exit 1 instead of its checkpoint, summary and 130
+    run_dir = tmp_path / "wrapped"
+    done = run_pipeline(["collector.post_collect_hook=tests.fakes.sigterm_inside_a_c_call", "logger=jsonl",
+                         "progress=false", "trainer.target_return=null", f"hydra.run.dir={run_dir}"], tmp_path,
+                        timeout=120)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    assert (run_dir / "checkpoint.pt").exists()
+    summary = [r for r in _rows(run_dir) if "summary" in r]
+    assert summary and "interrupted (SIGTERM)" in json.dumps(summary[-1]), summary
