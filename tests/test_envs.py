@@ -184,19 +184,25 @@ def test_direct_atari_preprocessing_steps_through_a_time_limit_the_way_gymnasium
     assert truncated_at(True) == truncated_at(False) > 0
 
 
-def _reference_rollout(env_id: str, kwargs: dict, seeds: list[int], actions: np.ndarray) -> dict[str, np.ndarray]:
-    """gym.make's whole wrapper chain stepped by hand, reset at every episode end: what the block must match."""
+def _reference_rollout(env_id: str, kwargs: dict | list[dict], seeds: list[int], actions: np.ndarray,
+                       cut_at: frozenset[int] = frozenset()) -> dict[str, np.ndarray]:
+    """gym.make's whole wrapper chain stepped by hand, reset at every episode end: what the block must match.
+
+    ``kwargs``: one dict for every env, or one per env; ``cut_at``: steps after which every episode is cut.
+    """
     import gymnasium as gym
 
-    envs = [gym.make(env_id, **kwargs) for _ in seeds]
+    per_env = kwargs if isinstance(kwargs, list) else [kwargs] * len(seeds)
+    envs = [gym.make(env_id, **k) for k in per_env]
     for env, s in zip(envs, seeds):
         env.reset(seed=s)
     out = {"obs": [], "reward": [], "terminated": [], "truncated": [], "length": []}
     lengths = [0] * len(envs)
-    for step_actions in actions:
+    for t, step_actions in enumerate(actions):
         row = {k: [] for k in out}
         for i, env in enumerate(envs):
             o, r, term, trunc, _ = env.step(step_actions[i])
+            trunc = trunc or (t in cut_at and not term)
             lengths[i] += 1
             row["obs"].append(o)
             row["reward"].append(r)
@@ -213,20 +219,39 @@ def _reference_rollout(env_id: str, kwargs: dict, seeds: list[int], actions: np.
     return {k: np.stack(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("limit", [7, None])
+class _LimitsInTurn:
+    """CartPole factories whose envs take the time limits of ``limits`` in turn (None: gym.make's own, 500)."""
+
+    def __init__(self, limits: list[int | None]) -> None:
+        self.limits, self.built = limits, 0
+
+    def __call__(self):  # noqa: ANN204
+        import gymnasium as gym
+
+        limit = self.limits[self.built % len(self.limits)]
+        self.built += 1
+        return gym.make("CartPole-v1", **({} if limit is None else {"max_episode_steps": limit}))
+
+
+@pytest.mark.parametrize("limit", [7, None, "mixed", "mixed-cut"])
 def test_stepping_under_gym_makes_wrappers_matches_the_whole_chain_time_limits_included(limit):
-    kwargs = {} if limit is None else {"max_episode_steps": limit}
+    # the block compares lengths with the limits only when one may be reached (see EnvBlock._limit_wait):
+    # limits of their own per env, and episodes cut early (reset_at_each_iter), must not throw that count off
     seeds, steps = [3, 4, 5], 60
+    limits = {7: [7], None: [None], "mixed": [5, None, 9], "mixed-cut": [5, None, 9]}[limit]
+    kwargs = [{} if lim is None else {"max_episode_steps": lim} for lim in limits * 3][:3]
+    cut_at = frozenset({2, 13, 14, 40}) if limit == "mixed-cut" else frozenset()
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 2, (steps, len(seeds)))
-    want = _reference_rollout("CartPole-v1", kwargs, seeds, actions)
-    block = EnvBlock(GymEnvFactory("CartPole-v1", kwargs), env_ids=[0, 1, 2], seeds=seeds)
+    want = _reference_rollout("CartPole-v1", kwargs, seeds, actions, cut_at)
+    factory = GymEnvFactory("CartPole-v1", kwargs[0]) if len(limits) == 1 else _LimitsInTurn(limits)
+    block = EnvBlock(factory, env_ids=[0, 1, 2], seeds=seeds)
     try:
         obs = np.zeros((3, 4), np.float32)
         block.reset(obs)
         for t in range(steps):
             rows = block.empty_rows()
-            block.step(actions[t], rows, obs)
+            block.step(actions[t], rows, obs, truncate=t in cut_at)
             np.testing.assert_array_equal(rows["next.observation"], want["obs"][t], err_msg=f"step {t}")
             assert rows["next.reward"].tolist() == want["reward"][t].tolist()
             assert rows["next.terminated"].tolist() == want["terminated"][t].tolist(), t
@@ -238,6 +263,8 @@ def test_stepping_under_gym_makes_wrappers_matches_the_whole_chain_time_limits_i
         block.close()
     if limit is not None:
         assert want["truncated"].sum() >= 3, "the limit cut episodes (what this test is about)"
+    if limit == "mixed":
+        assert want["truncated"][:, 0].sum() >= 2 and want["truncated"][:, 2].sum() >= 1, "each its own limit"
 
 
 def test_a_wrapper_of_the_users_own_stops_the_peeling():

@@ -141,3 +141,32 @@ def test_a_stream_needs_its_successor_and_done_fields():
     with pytest.raises(ValueError, match="needs the fields"):
         ChunkPool([FieldSpec("observation", (2,), "float32")], rows=[1], chunk_len=1, chunks_per_worker=1,
                   ctx=threading, stream="observation")
+
+
+def test_a_gather_of_whole_chunks_patches_each_chunks_finals_where_its_episodes_ended():
+    import threading
+
+    obs = FieldSpec("observation", (2,), "float32")
+    pool = ChunkPool(transition_fields(obs, ()), rows=[3, 3], chunk_len=2, chunks_per_worker=2, ctx=threading,
+                     stream="observation")
+    gids = []
+    for worker, ends in ((0, [(0, 1), (1, 2)]), (1, []), (1, [(1, 0)]), (0, [(0, 0), (0, 2), (1, 1)])):
+        writer = pool.writer(worker)
+        chunk = writer.acquire(timeout=1.0)
+        base = 100.0 * len(gids)
+        chunk["observation"][:] = base + np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2)
+        chunk["next.done"][:] = False
+        for step, env in ends:  # an episode ended: its final apart, a reset's observation in the stream
+            chunk["next.done"][step, env] = True
+            chunk["next.observation"][step, env] = -(base + 10 * step + env)
+        writer.commit()
+        gids.append(pool.next_ready(timeout=1.0))
+    out = {f.name: torch.zeros((24, *f.shape), dtype=getattr(torch, f.dtype)) for f in pool.fields}
+    assert pool.gather_into(gids, out, 0) == 24
+    expected = {f.name: torch.zeros((24, *f.shape), dtype=getattr(torch, f.dtype)) for f in pool.fields}
+    for k, gid in enumerate(gids):
+        pool.copy_into(gid, 0, 6, expected, 6 * k)
+    for name in expected:
+        assert torch.equal(out[name], expected[name]), name
+    finals = out["next.observation"][out["next.done"]]
+    assert finals.shape[0] == 6 and bool((finals < 0).all()), "every final patched, and only there"

@@ -193,12 +193,12 @@ class ChunkPool:
             target = out[f.name][start : start + frames].view(len(gids), *bank.shape[1:])
             torch.index_select(bank, 0, index, out=target)
         if successor is not None:
-            finals = self._bank(successor)
-            done = self._bank("next.done")
-            for k, gid in enumerate(gids):
-                ended = done[gid].reshape(-1).nonzero().squeeze(1)
-                if ended.numel():
-                    out[successor][start + k * per_chunk + ended] = finals[gid].reshape(-1, *finals.shape[3:])[ended]
+            # every chunk's episode ends at once, from the done flags just gathered: one index op, not one per chunk
+            ended = out["next.done"][start : start + frames].nonzero().squeeze(1)
+            if ended.numel():
+                finals = self._bank(successor)
+                finals = finals.view(finals.shape[0], per_chunk, *finals.shape[3:])
+                out[successor][start + ended] = finals[index[ended // per_chunk], ended % per_chunk]
         return frames
 
     def _bank(self, name: str) -> Any:

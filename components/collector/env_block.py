@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from components.collector.make_wrappers import peel_make_wrappers
+from components.collector.make_wrappers import PeeledLimits, peel_make_wrappers
 from components.collector.non_finite import non_finite_envs, raise_non_finite
 from components.collector.tree_rows import TreeRows
 from components.collector.spec_checks import (
@@ -42,9 +42,6 @@ from components.collector.spec_checks import (
 from components.envs import EnvSpec
 
 add_reduce = np.add.reduce
-#: "no time limit" in the per-env step limits (a step count no episode reaches)
-_NO_LIMIT = np.iinfo(np.int64).max
-
 #: Keys of the env half of a transition (the policy adds its outputs).
 NEXT_KEYS = (
     "next.observation",
@@ -127,9 +124,8 @@ class EnvBlock:
         self._stepped = list(self._envs)
         peeled = [peel_make_wrappers(env) for env in self._envs]
         self._cores = [core for core, _ in peeled]
-        #: per env, the peeled TimeLimit's limit minus one (a length before the step's); None: no env had one
-        self._limit_before = (np.array([limit - 1 if limit else _NO_LIMIT for _, limit in peeled], np.int64)
-                              if any(limit for _, limit in peeled) else None)
+        #: the peeled TimeLimits' rule (None: no env had one)
+        self._limits = PeeledLimits([limit for _, limit in peeled]) if any(limit for _, limit in peeled) else None
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         #: Steps taken by each env since the block started (contiguous per env). A block that
@@ -169,6 +165,8 @@ class EnvBlock:
             self._check_categories(obs_out[:len(self._envs)], "on its first reset")
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
+        if self._limits is not None:
+            self._limits.restart()
 
     def step(
         self,
@@ -248,12 +246,11 @@ class EnvBlock:
                 terminated[i] = term
                 truncated[i] = trunc
                 ended.append(i)
-        if self._limit_before is not None:
-            # the peeled TimeLimit's rule: the step that reaches the limit is truncated (terminated or not)
-            for i in np.flatnonzero(self._episode_length >= self._limit_before).tolist():
-                truncated[i] = True
-                if i not in ended:
-                    ended.append(i)
+        # the peeled TimeLimit's rule: the step that reaches the limit is truncated (terminated or not)
+        for i in () if self._limits is None else self._limits.reached(self._episode_length):
+            truncated[i] = True
+            if i not in ended:
+                ended.append(i)
         self._stepped = self._cores  # every env took its first step through its whole chain: from now on, under it
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+#: "no time limit" in the per-env step limits (a step count no episode reaches)
+_NO_LIMIT = np.iinfo(np.int64).max
+
 
 def peel_make_wrappers(env: Any) -> tuple[Any, int]:
     """The env under ``gym.make``'s own outer wrappers, and the step limit its ``TimeLimit`` held (0: none).
@@ -29,3 +34,35 @@ def peel_make_wrappers(env: Any) -> tuple[Any, int]:
         elif kind is not OrderEnforcing and kind is not PassiveEnvChecker:
             return env, limit
         env = env.env
+
+
+class PeeledLimits:
+    """The peeled ``TimeLimit``s' rule, kept by the block: the step that reaches an env's limit is truncated.
+
+    Lengths are compared with the limits only on the steps where one can
+    be reached: each block step adds one to every env's length and an
+    episode's end only shortens one, so after a compare nothing can reach
+    its limit for as many steps as the least headroom left (one compare
+    per ~500 steps on CartPole; comparing every step was 3.6 % of a
+    16-env CartPole worker's time).
+    """
+
+    def __init__(self, limits: list[int]) -> None:
+        #: per env, its limit minus one (a length before the step's); no limit (0) never reached
+        self.before = np.array([limit - 1 if limit else _NO_LIMIT for limit in limits], np.int64)
+        #: the first step after a cut that can reach the limit again: one past the whole limit
+        self._after_reset = np.minimum(self.before, _NO_LIMIT - 1) + 1
+        self._wait = 0  # steps before the next compare
+
+    def restart(self) -> None:
+        """Every episode starts over (the block's reset): compare on the next step."""
+        self._wait = 0
+
+    def reached(self, lengths: np.ndarray) -> list[int]:
+        """The envs whose step under way reaches their limit (``lengths``: before the step's)."""
+        if self._wait:
+            self._wait -= 1
+            return []
+        headroom = self.before - lengths
+        self._wait = max(0, int(np.where(headroom > 0, headroom, self._after_reset).min()) - 1)
+        return np.flatnonzero(headroom <= 0).tolist()

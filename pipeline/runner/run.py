@@ -51,7 +51,7 @@ from pipeline.runner.resume import rewind_metrics
 from pipeline.runner.run_lock import LOCK, claim_run_dir
 from pipeline.runner.rundir import DiskReserve, apply_mode, write_hydra_files
 from pipeline.runner.signals import (Interrupted, catch_signals, exit_interrupted, ignore_signals, raise_if_pending,
-                                     signals_raise, wrapped_interrupt)
+                                     interrupt_of, signals_raise)
 from pipeline.runner.state import load_run_state, restore_episodes, run_state, save_run_state, set_rng_state
 from pipeline.runner.sweep import cpu_share
 from pipeline.plan.validate import ConfigError, validate
@@ -242,8 +242,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
         else:
             stop_reason = run_off_policy(collector, trainer, buffer, reporter)
         reporter.final_evaluation()  # the final weights, greedily, on the eval envs
-    except (KeyboardInterrupt, Interrupted) as err:
-        stop_reason, code = f"interrupted ({err or 'SIGINT'})", EXIT_INTERRUPTED
+    except (KeyboardInterrupt, Interrupted, SystemError) as err:  # SystemError: a signal a C extension wrapped
+        stop_reason, code = f"interrupted ({interrupt_of(err) or 'SIGINT'})", EXIT_INTERRUPTED
     except (CollectorError, EvaluationError) as err:
         stop_reason, code = f"failed: {err}", EXIT_FAILED
     except NonFiniteError as err:
@@ -251,11 +251,6 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
     except OSError as err:  # a write to the run directory failed (a full disk): end cleanly, say so
         stop_reason, code = f"failed: cannot write to the run directory: {err}", EXIT_FAILED
         reserve.release()  # room for the last row, the summary and the checkpoint
-    except SystemError as err:  # a signal's exception that a C extension (Ray's wait) wrapped
-        interrupt = wrapped_interrupt(err)
-        if interrupt is None:
-            raise
-        stop_reason, code = f"interrupted ({interrupt or 'SIGINT'})", EXIT_INTERRUPTED
     finally:
         # The clean-up, in this order: stop the collector, the checkpoint, the summary row, then the sinks.
         # Each step is bounded in time and a failure in one (any exception) is one line that does not skip

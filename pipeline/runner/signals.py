@@ -103,6 +103,14 @@ def wrapped_interrupt(err: BaseException) -> BaseException | None:
     return None
 
 
+def interrupt_of(err: BaseException) -> BaseException:
+    """The interrupt ``err`` is or wraps (see :func:`wrapped_interrupt`); ``err`` raised again when it is none."""
+    found = wrapped_interrupt(err)
+    if found is None:
+        raise err
+    return found
+
+
 def raise_if_pending() -> None:
     """Raise ``KeyboardInterrupt`` if a signal arrived whose exception someone swallowed."""
     if _PENDING:
