@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -191,6 +192,29 @@ def test_the_block_bench_times_an_env_block_and_the_hand_loop_on_the_same_steps(
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["2", "5"]
     assert all(float(row.split("|")[5]) > 0 for row in rows)
+
+
+def test_the_worker_loop_bench_reads_the_cpu_of_our_workers_and_driver_and_the_hand_loop_and_stops(capsys):
+    import threading
+
+    from pipeline.bench import worker_loop
+    from tests.procs import spawned_children
+
+    assert worker_loop.process_cpu_s(os.getpid()) > 0
+    before, children = set(threading.enumerate()), set(spawned_children(os.getpid()))
+    got = worker_loop.measure(8, rounds=1, seconds=0.5)
+    assert set(got) == {"ours_worker", "ours_driver", "hand"}
+    assert all(0 < got[k] < 0.01 for k in ("ours_worker", "hand")) and 0 <= got["ours_driver"] < 0.01  # s per frame
+    worker_loop.main(["--envs", "4", "--rounds", "1", "--seconds", "0.3"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["4"] and float(rows[0].split("|")[5]) > 0
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(threading.enumerate()) - before, "the collector's threads outlived the bench"
+    while set(spawned_children(os.getpid())) - children and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(spawned_children(os.getpid())) - children, "worker processes outlived the bench"
 
 
 def test_a_loop_policy_carries_each_rows_recurrent_state_and_restarts_it_where_an_episode_ended():

@@ -65,18 +65,23 @@ def _loop(workload: dict[str, Any], rows: int, seed: int, index: int, counts: An
     ready.set()
     frames = 0
     while not stop.value:
-        actions = policy(obs, modes)
-        for i, env in enumerate(envs):
-            observation, _, terminated, truncated, _ = env.step(actions[i])
-            done[i] = terminated or truncated
-            if done[i]:
-                observation, _ = env.reset()
-            obs[i] = observation
-        policy.ended(done)
+        hand_step(envs, policy, obs, modes, done)
         frames += rows
         counts[index] = frames  # one writer per slot: no lock
     for env in envs:
         env.close()
+
+
+def hand_step(envs: list[Any], policy: Any, obs: np.ndarray, modes: np.ndarray, done: np.ndarray) -> None:
+    """One round of the hand loop: the policy on every observation, each env stepped (reset when done) in turn."""
+    actions = policy(obs, modes)
+    for i, env in enumerate(envs):
+        observation, _, terminated, truncated, _ = env.step(actions[i])
+        done[i] = terminated or truncated
+        if done[i]:
+            observation, _ = env.reset()
+        obs[i] = observation
+    policy.ended(done)
 
 
 def _check_alive(processes: list[Any]) -> None:
