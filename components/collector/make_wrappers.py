@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-#: "no time limit" in the per-env step limits (a step count no episode reaches)
-_NO_LIMIT = np.iinfo(np.int64).max
+#: "no time limit" in the per-env step limits (a step count no episode reaches, with room to add to it)
+_NO_LIMIT = np.iinfo(np.int64).max // 2
 
 
 def peel_make_wrappers(env: Any) -> tuple[Any, int]:
@@ -50,8 +50,6 @@ class PeeledLimits:
     def __init__(self, limits: list[int]) -> None:
         #: per env, its limit minus one (a length before the step's); no limit (0) never reached
         self.before = np.array([limit - 1 if limit else _NO_LIMIT for limit in limits], np.int64)
-        #: the first step after a cut that can reach the limit again: one past the whole limit
-        self._after_reset = np.minimum(self.before, _NO_LIMIT - 1) + 1
         self._wait = 0  # steps before the next compare
 
     def restart(self) -> None:
@@ -64,5 +62,6 @@ class PeeledLimits:
             self._wait -= 1
             return []
         headroom = self.before - lengths
-        self._wait = max(0, int(np.where(headroom > 0, headroom, self._after_reset).min()) - 1)
+        # an env cut now starts over: the first step that can reach its limit again is one past the whole limit
+        self._wait = max(0, int(np.where(headroom > 0, headroom, self.before + 1).min()) - 1)
         return np.flatnonzero(headroom <= 0).tolist()

@@ -114,7 +114,7 @@ class InlinePolicy:
         self._model: Any = None
         self._arrays: dict[str, np.ndarray] | None = None
         self._seq, self._version = 0, 0
-        self._versions, self._versions_len, self._stamped = np.zeros(0, np.int64), 0, -1  # the version it holds
+        self._versions, self._stamped = np.zeros(0, np.int64), -1  # the version it holds, as a Python int
         self._mode_rows: dict[tuple[int, int], np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,9 +202,8 @@ class InlinePolicy:
                 parts.append({k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in out.items()})
             response = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             passes = len(parts)
-        if rows > self._versions_len or self._stamped != self._version:  # Python ints: no numpy scalar per call
-            self._versions_len, self._stamped = max(rows, 64), self._version
-            self._versions = np.full(self._versions_len, self._version, np.int64)
+        if rows > self._versions.shape[0] or self._stamped != self._version:  # no numpy scalar per call
+            self._versions, self._stamped = np.full(max(rows, 64), self._version, np.int64), self._version
         response["policy_version"] = self._versions[:rows]
         self.stats.record(self.worker, rows, time.perf_counter() - started, passes)
         return response
