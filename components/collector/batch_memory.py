@@ -13,7 +13,9 @@ memory, and one that drops it hands the pages back already faulted in.
 
 from __future__ import annotations
 
+import math
 import weakref
+
 import numpy as np
 import torch
 
@@ -41,7 +43,7 @@ class BatchMemory:
         np_dtype = _NUMPY_DTYPES.get(dtype)
         if np_dtype is None:
             np_dtype = _NUMPY_DTYPES[dtype] = torch.empty((), dtype=dtype).numpy().dtype
-        if int(np.prod(shape)) * np_dtype.itemsize < self.min_bytes:
+        if math.prod(shape) * np_dtype.itemsize < self.min_bytes:  # (np.prod: ~4 us a call)
             return torch.empty(shape, dtype=dtype)
         key = (tuple(int(d) for d in shape), np_dtype.str)
         free = self._free.setdefault(key, [])

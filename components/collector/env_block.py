@@ -29,6 +29,7 @@ import numpy as np
 from components.collector.make_wrappers import PeeledLimits, peel_make_wrappers
 from components.collector.non_finite import non_finite_envs, raise_non_finite
 from components.collector.tree_rows import TreeRows
+from components.collector.value_checks import ObservationValues
 from components.collector.spec_checks import (
     FAST_FLAGS,
     FAST_REWARDS,
@@ -42,6 +43,8 @@ from components.collector.spec_checks import (
 from components.envs import EnvSpec
 
 add_reduce = np.add.reduce
+#: a step's terminated/truncated flags when no episode ended (never written to)
+_NO_FLAGS: list[bool] = []
 #: Keys of the env half of a transition (the policy adds its outputs).
 NEXT_KEYS = (
     "next.observation",
@@ -104,15 +107,10 @@ class EnvBlock:
         self._cast_dtype: np.dtype | None = None
         # Integer observations (Atari frames) cannot be NaN: only float ones are checked.
         self._float_obs = np.issubdtype(np.dtype(self.spec.obs_dtype), np.floating)
-        #: categorical observations (Discrete, MultiDiscrete): the categories each component may take, checked
-        #: once per block step (a value outside would index past a one-hot encoder, in the policy's process)
-        self._categories: tuple[np.ndarray, np.ndarray] | None = None
-        if self.spec.categorical_obs:
-            low = np.asarray(self.spec.obs_start, np.int64).reshape(self._obs_shape)
-            self._categories = (low, low + np.asarray(self.spec.obs_nvec, np.int64).reshape(self._obs_shape))
         #: a Dict/Tuple observation: its leaves written into packed rows, each checked (components.obs_tree)
         self._tree = TreeRows(self.spec) if self.spec.is_tree else None
-        self._tree_checks = self._tree is not None and (self._tree.has_categories or self._tree.has_mask)
+        #: categories inside the space, masks allowing some action (components.collector.value_checks)
+        self._values = ObservationValues(self.spec, self._tree, self.env_ids)
         if self._tree is not None:
             self._float_obs = self._tree.has_float
         if not self._discrete:
@@ -161,8 +159,8 @@ class EnvBlock:
                 obs_out[i] = self._observation(i, obs, "on its first reset")
             else:
                 self._checked(i, "on its first reset", self._tree.write, views, i, obs)
-        if self._categories is not None or self._tree_checks:
-            self._check_categories(obs_out[:len(self._envs)], "on its first reset")
+        if self._values.active:
+            self._values.check(obs_out[:len(self._envs)], "on its first reset", self.env_step)
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
         if self._limits is not None:
@@ -215,19 +213,23 @@ class EnvBlock:
             self.check_actions(actions)
         # numpy integers (or rows), as gymnasium's vector envs pass them: Discrete.contains (which most envs
         # assert) takes 2.1 us for a Python int (an np.iinfo each time) and 1.7 us for an np.int64.
-        acts = list(actions) if self._discrete else np.clip(actions, self._low, self._high)
-        rewards = [0.0] * len(self._envs)
-        terminated = [False] * len(self._envs)
-        truncated = [False] * len(self._envs)
+        acts = actions if self._discrete else np.clip(actions, self._low, self._high)
+        n = len(self._envs)
+        rewards = [0.0] * n
         ended: list[int] = []
-        shape, dtype, ndarray, int_obs = self._obs_shape, self._obs_dtype, np.ndarray, self._int_scalar_obs
-        cast = self._cast_dtype
-        fast_rewards, fast_flags = FAST_REWARDS, FAST_FLAGS
+        # flags only where an episode ended (most steps: none); filled in after the loop
+        flags: list[tuple[int, bool, bool]] = []
         tree = self._tree
-        views = None if tree is None else tree.views(fresh)
-        for i, env in enumerate(self._stepped):
-            obs, reward, term, trunc, _ = env.step(acts[i])
-            if views is None:
+        if tree is None:
+            shape, dtype, ndarray, int_obs = self._obs_shape, self._obs_dtype, np.ndarray, self._int_scalar_obs
+            cast = self._cast_dtype
+            fast_rewards, fast_flags = FAST_REWARDS, FAST_FLAGS
+            i = 0
+            # iterating the action array gives numpy integers (rows, for multi-part actions), as gymnasium's
+            # vector envs pass them: Discrete.contains (which most envs assert) takes 2.1 us for a Python int
+            # (an np.iinfo each time) and 1.7 us for an np.int64
+            for env, action in zip(self._stepped, acts):
+                obs, reward, term, trunc, _ = env.step(action)
                 # The fast path: exactly what the spec says is written as it is (a Python int too, for a
                 # Discrete observation space: toy-text envs return one every step); anything else is checked.
                 if (((type(obs) is not ndarray or obs.shape != shape
@@ -236,21 +238,35 @@ class EnvBlock:
                         or type(trunc) not in fast_flags):
                     obs, reward, term, trunc = self._check_step(i, obs, reward, term, trunc)
                 fresh[i] = obs
-            else:  # a Dict/Tuple: each leaf into its view of the packed row, held to its space
+                rewards[i] = reward
+                if term or trunc:
+                    flags.append((i, term, trunc))
+                i += 1
+        else:  # a Dict/Tuple: each leaf into its view of the packed row, held to its space
+            views = tree.views(fresh)
+            for i, (env, action) in enumerate(zip(self._stepped, acts)):
+                obs, reward, term, trunc, _ = env.step(action)
                 self._checked(i, None, tree.write, views, i, obs)
-                if type(reward) not in fast_rewards or type(term) not in fast_flags or type(trunc) not in fast_flags:
+                if type(reward) not in FAST_REWARDS or type(term) not in FAST_FLAGS or type(trunc) not in FAST_FLAGS:
                     _, reward, term, trunc = self._check_step(i, None, reward, term, trunc)
-            rewards[i] = reward
-            trunc = trunc or (truncate and not term)
-            if term or trunc:
-                terminated[i] = term
-                truncated[i] = trunc
-                ended.append(i)
+                rewards[i] = reward
+                if term or trunc:
+                    flags.append((i, term, trunc))
         # the peeled TimeLimit's rule: the step that reaches the limit is truncated (terminated or not)
-        for i in () if self._limits is None else self._limits.reached(self._episode_length):
-            truncated[i] = True
-            if i not in ended:
+        limited = () if self._limits is None else self._limits.reached(self._episode_length)
+        terminated, truncated = _NO_FLAGS, _NO_FLAGS  # per env, made only when some episode ends
+        if flags or truncate or limited:
+            terminated, truncated = [False] * n, [False] * n
+            for i, term, trunc in flags:
+                terminated[i], truncated[i] = term, trunc
                 ended.append(i)
+            if truncate:  # reset_at_each_iter: every episode not terminated ends here, truncated
+                truncated = [trunc or not term for term, trunc in zip(terminated, truncated)]
+                ended = list(range(n))
+            for i in limited:
+                truncated[i] = True
+                if i not in ended:
+                    ended.append(i)
         self._stepped = self._cores  # every env took its first step through its whole chain: from now on, under it
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
@@ -263,12 +279,14 @@ class EnvBlock:
             for i in non_finite_envs(reward_arr, fresh, self._tree, self._float_obs):
                 fresh[i] = acted[i] if sparse else obs_out[i]  # the observation acted on
                 reward_arr[i] = 0.0
+                if terminated is _NO_FLAGS:
+                    terminated, truncated = [False] * n, [False] * n
                 terminated[i], truncated[i] = False, True
                 if i not in ended:
                     ended.append(i)
                 skipped += 1
-        if self._categories is not None or self._tree_checks:
-            self._check_categories(fresh, None, masks=False)
+        if self._values.active:
+            self._values.check(fresh, None, self.env_step, masks=False)
         done = rows["next.done"]
         if ended:
             rows["next.terminated"][:] = terminated
@@ -298,13 +316,13 @@ class EnvBlock:
                      or (obs.dtype is not dtype and obs.dtype is not cast)) and not (type(obs) is int and int_obs)):
                     obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
                 obs_out[i] = obs
-            if self._categories is not None or self._tree_checks:
-                self._check_categories(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}", i,
-                                       masks=False)
+            if self._values.active:
+                self._values.check(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}",
+                                   self.env_step, i, masks=False)
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
-        if tree is not None and tree.has_mask:  # every observation acted on next must allow some action
-            self._check_tree(obs_out[:len(self._envs)], None, 0, True, categories=False)
+        if self._values.has_mask:  # every observation acted on next must allow some action
+            self._values.check_tree(obs_out[:len(self._envs)], None, self.env_step, 0, True, categories=False)
         return skipped
 
     def check_actions(self, actions: Any) -> None:
@@ -349,42 +367,6 @@ class EnvBlock:
         except OffSpec as err:
             at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
             raise violation(int(self.env_ids[i]), at, err) from None
-
-    def _check_categories(self, obs: np.ndarray, when: str | None, first: int = 0, masks: bool = True) -> None:
-        """A categorical observation outside its space's categories is the env's spec violation, named.
-
-        A tree's categorical leaves are checked the same way, and (``masks``:
-        on observations the policy acts on) its action mask: one that allows
-        no action is the env's error, named, not a NaN in the policy.
-        """
-        if self._tree is not None:
-            self._check_tree(obs, when, first, masks)
-            return
-        assert self._categories is not None
-        low, high = self._categories
-        outside = (obs < low) | (obs >= high)
-        if not outside.any():
-            return
-        i = first + int(np.flatnonzero(outside.reshape(len(obs), -1).any(axis=1))[0])
-        value = obs[i - first]
-        err = OffSpec(f"its observation {value.tolist()} is outside the space's categories "
-                      f"(from {low.tolist()}, {(high - low).tolist()} of each)")
-        at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
-        raise violation(int(self.env_ids[i]), at, err)
-
-    def _check_tree(self, obs: np.ndarray, when: str | None, first: int, masks: bool, categories: bool = True) -> None:
-        assert self._tree is not None
-        outside = self._tree.outside_categories(obs) if categories else None
-        if outside is not None:
-            i = first + outside[0]
-            at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
-            raise violation(int(self.env_ids[i]), at, OffSpec(outside[1]))
-        empty = self._tree.empty_mask(obs) if masks else None
-        if empty is not None:
-            i = first + empty
-            at = when if when is not None else f"after its step {int(self.env_step[i])}"
-            raise violation(int(self.env_ids[i]), at, OffSpec(
-                f"its action mask {self.spec.action_mask!r} allows no action"))
 
     def close(self) -> None:
         for env in self._envs:

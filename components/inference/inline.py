@@ -28,63 +28,11 @@ from typing import Any
 import numpy as np
 
 from components.action_noise import NOISE_KEY, noise_width
+from components.inference.inline_stats import BATCHES, REQUESTS, RING, ROWS, UPDATES, VERSION, InlineStatsTable
 from components.inference.stats import STAT_KEYS
-from components.shm import FieldSpec, SharedArena
+from components.shm import FieldSpec
 
-#: Columns of a worker's row of the statistics table (cumulative since the run began).
-_COUNTERS = ("requests", "rows", "weight_updates", "version", "batches")
-_REQUESTS, _ROWS, _UPDATES, _VERSION, _BATCHES = range(len(_COUNTERS))
-#: Forward durations a worker keeps for the percentiles (a ring; the newest win).
-RING = 512
 _NAN = float("nan")
-
-
-class InlineStatsTable:
-    """Per-worker counters and recent forward times in shared memory, one row per worker."""
-
-    def __init__(self, num_workers: int, version: int) -> None:
-        self._arena = SharedArena([
-            FieldSpec("counters", (num_workers, len(_COUNTERS)), "float64"),
-            FieldSpec("forward", (num_workers, RING), "float64"),
-            FieldSpec("written", (num_workers,), "int64"),
-        ])
-        self._bind()
-        self.counters[:, _VERSION] = version
-
-    def _bind(self) -> None:
-        a = self._arena
-        self.counters, self.forward, self.written = a.array("counters"), a.array("forward"), a.array("written")
-        self._totals: dict[int, list[Any]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_arena": self._arena}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._bind()
-
-    def record(self, worker: int, rows: int, seconds: float, passes: int = 1) -> None:
-        # A worker's row has one writer: its totals are kept here as Python numbers and stored, not read
-        # back and added to (a third of the cost, ~1 us a request; a replacement picks up the row's values).
-        totals = self._totals.get(worker)
-        if totals is None:
-            row = self.counters[worker]
-            totals = self._totals[worker] = [float(row[_REQUESTS]), float(row[_ROWS]), float(row[_BATCHES]),
-                                             int(self.written[worker])]
-        totals[0] += 1
-        totals[1] += rows
-        totals[2] += passes
-        n = totals[3]
-        totals[3] = n + 1
-        row = self.counters[worker]
-        row[_REQUESTS], row[_ROWS], row[_BATCHES] = totals[0], totals[1], totals[2]
-        self.forward[worker, n % RING] = seconds / passes
-        self.written[worker] = n + 1
-
-    def record_weights(self, worker: int, version: int) -> None:
-        row = self.counters[worker]
-        row[_UPDATES] += 1
-        row[_VERSION] = version
 
 
 class InlinePolicy:
@@ -126,7 +74,7 @@ class InlinePolicy:
         return int(np.random.SeedSequence([self.seed, self.worker, self.launch]).generate_state(1)[0])
 
     def _build(self) -> None:
-        self._version = int(self.stats.counters[self.worker, _VERSION])
+        self._version = int(self.stats.counters[self.worker, VERSION])
         deadline = time.monotonic() + 10.0
         if self.numpy_recipe is not None:
             from components.inference.numpy_engine import engine_from_recipe
@@ -249,10 +197,13 @@ class InlineChannel:
     #: ``submit`` takes the observations wherever they are (a chunk row): no copy into ``request`` first
     acts_anywhere = True
 
-    def submit(self, rows: int | None = None, mode: int | None = None, observation: np.ndarray | None = None) -> None:
+    def submit(self, rows: int | None = None, mode: int | None = None, observation: np.ndarray | None = None,
+               noise: np.ndarray | None = None) -> None:
+        """Answer the request now; ``observation`` / ``noise``: where they lie, if not in :attr:`request`."""
         n = self.rows if rows is None else int(rows)
         where = self.request[self.observation.name] if observation is None else observation
-        self._response = self.policy.act(where, n, 0 if mode is None else int(mode), self._noise, self._extra)
+        self._response = self.policy.act(where, n, 0 if mode is None else int(mode),
+                                         self._noise if noise is None else noise, self._extra)
 
     def wait(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         if self._response is None:
@@ -341,7 +292,7 @@ class InlineServer:
         which); the newest is what a central server would report, and a
         worker parked on a full chunk queue cannot hold it back.
         """
-        return int(self._stats.counters[:, _VERSION].max())
+        return int(self._stats.counters[:, VERSION].max())
 
     def update_weights(self, weights: Any, version: int | None = None) -> int:
         from components.inference.weights import state_of
@@ -365,13 +316,13 @@ class InlineServer:
             idx = np.arange(max(end - min(new, RING), 0), end) % RING
             forwards.append(self._stats.forward[w, idx])
         seconds = np.concatenate(forwards) if forwards else np.zeros(0)
-        requests, rows = float(delta[:, _REQUESTS].sum()), float(delta[:, _ROWS].sum())
-        batches = float(delta[:, _BATCHES].sum())
+        requests, rows = float(delta[:, REQUESTS].sum()), float(delta[:, ROWS].sum())
+        batches = float(delta[:, BATCHES].sum())
         rate = 1.0 / elapsed if elapsed > 0 else 0.0
         p50, p95 = (np.percentile(seconds, [50, 95]) * 1e3).tolist() if seconds.size else (_NAN, _NAN)
         out = {
             "requests": requests, "batches": batches, "rows": rows,
-            "weight_updates": float(delta[:, _UPDATES].sum()),
+            "weight_updates": float(delta[:, UPDATES].sum()),
             "requests_per_s": requests * rate, "batches_per_s": batches * rate, "rows_per_s": rows * rate,
             "interval_s": elapsed,
             "avg_batch_size": rows / batches if batches else _NAN,
@@ -380,9 +331,9 @@ class InlineServer:
             "queue_latency_p50_ms": 0.0 if requests else _NAN, "queue_latency_p95_ms": 0.0 if requests else _NAN,
             "forward_p50_ms": p50, "forward_p95_ms": p95,
             "policy_version": float(self.policy_version),
-            "requests_total": float(counters[:, _REQUESTS].sum()), "batches_total": float(counters[:, _BATCHES].sum()),
-            "rows_total": float(counters[:, _ROWS].sum()),
-            "weight_updates_total": float(counters[:, _UPDATES].sum()),
+            "requests_total": float(counters[:, REQUESTS].sum()), "batches_total": float(counters[:, BATCHES].sum()),
+            "rows_total": float(counters[:, ROWS].sum()),
+            "weight_updates_total": float(counters[:, UPDATES].sum()),
         }
         if reset:
             self._last, self._last_written, self._read_at = counters, written, now
