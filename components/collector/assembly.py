@@ -41,6 +41,8 @@ class BatchAssembler:
         self._next_chunk = next_chunk
         self._carry: tuple[int, int] | None = None  # (chunk, first frame not yet delivered)
         self.memory = BatchMemory()
+        #: per field: its name, one transition's shape, its torch dtype (looked up once, not per batch)
+        self._fields = [(f.name, tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields]
 
     def next_batch(self, n: int) -> dict[str, torch.Tensor]:
         """Flat field tensors of the next ``n`` transitions, in arrival order per chunk."""
@@ -58,7 +60,7 @@ class BatchAssembler:
             filled += take
             if take < available:
                 self._carry = (gid, start + take)
-        out = {f.name: self.memory.empty((n, *f.shape), getattr(torch, f.dtype)) for f in pool.fields}
+        out = {name: self.memory.empty((n, *shape), dtype) for name, shape, dtype in self._fields}
         pos, i = 0, 0
         while i < len(segments):
             j = i

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from components.lifecycle import take_shared_lock
-from components.shm import FieldSpec, SharedArena
+from components.shm import FieldSpec, SharedArena, lane_field, lanes
 
 #: A writer holds the ring lock for three stores; held longer, its holder was killed inside.
 _ABANDONED_LOCK_S = 1.0
@@ -84,8 +84,8 @@ class ChunkPool:
         arena_fields += [FieldSpec("ctl.ring", (total,), "int64"), FieldSpec("ctl.written", (1,), "int64"),
                          # per worker: the chunk it fills next, and whether it holds one (a restarted
                          # worker goes on where its predecessor stopped)
-                         FieldSpec("ctl.next", (self.num_workers,), "int64"),
-                         FieldSpec("ctl.writing", (self.num_workers,), "int8")]
+                         lane_field("ctl.next", self.num_workers, "int64"),  # each worker's own: lanes
+                         lane_field("ctl.writing", self.num_workers, "int8")]
         self._arena = SharedArena(arena_fields)
         self._ready = ctx.Semaphore(0)
         self._ring_lock = ctx.Lock()
@@ -93,6 +93,7 @@ class ChunkPool:
         self._read = 0
         self._flat: dict[int, dict[str, Any]] = {}
         self._banks: dict[str, Any] = {}
+        self._sources: list[tuple[str, Any, tuple[int, ...]]] | None = None
 
     @property
     def capacity_frames(self) -> int:
@@ -180,26 +181,43 @@ class ChunkPool:
         """Copy whole full-width chunks ``gids`` into ``out[key][start:]``: one gather per field."""
         import torch
 
-        index = torch.tensor(list(gids), dtype=torch.long)
+        index = torch.tensor(gids, dtype=torch.long)
         per_chunk = self.chunk_len * max(self.rows)
         frames = len(gids) * per_chunk
+        end = start + frames
+        for name, bank, shape in self._gather_sources():
+            torch.index_select(bank, 0, index, out=out[name][start:end].view(len(gids), *shape))
         successor = None if self.stream is None else f"next.{self.stream}"
-        for f in self.fields:
-            bank = self._bank(f.name)
-            if f.name == successor:
-                bank = self._bank(self.stream)[:, 1:]  # the stream shifted by one step; finals patched below
-            elif f.name == self.stream:
-                bank = bank[:, : self.chunk_len]
-            target = out[f.name][start : start + frames].view(len(gids), *bank.shape[1:])
-            torch.index_select(bank, 0, index, out=target)
         if successor is not None:
             # every chunk's episode ends at once, from the done flags just gathered: one index op, not one per chunk
-            ended = out["next.done"][start : start + frames].nonzero().squeeze(1)
+            ended = out["next.done"][start:end].nonzero().squeeze(1)
             if ended.numel():
                 finals = self._bank(successor)
                 finals = finals.view(finals.shape[0], per_chunk, *finals.shape[3:])
-                out[successor][start + ended] = finals[index[ended // per_chunk], ended % per_chunk]
+                chunk, step = ended.div(per_chunk, rounding_mode="floor"), ended.remainder(per_chunk)
+                out[successor][start + ended] = finals[index[chunk], step]
         return frames
+
+    def _gather_sources(self) -> list[tuple[str, Any, tuple[int, ...]]]:
+        """Per field: its name, the bank :meth:`gather_into` reads whole chunks of, and one chunk's shape there.
+
+        A stream's observation bank is read for its first ``chunk_len``
+        steps, and shifted by one for the successor (whose finals
+        :meth:`gather_into` patches). Made once: the banks never move.
+        """
+        sources = self._sources
+        if sources is None:
+            successor = None if self.stream is None else f"next.{self.stream}"
+            sources = []
+            for f in self.fields:
+                bank = self._bank(f.name)
+                if f.name == successor:
+                    bank = self._bank(self.stream)[:, 1:]
+                elif f.name == self.stream:
+                    bank = bank[:, : self.chunk_len]
+                sources.append((f.name, bank, tuple(bank.shape[1:])))
+            self._sources = sources
+        return sources
 
     def _bank(self, name: str) -> Any:
         bank = self._banks.get(name)
@@ -218,7 +236,7 @@ class ChunkPool:
         as usual; only the half-filled one is dropped (its transitions were
         never announced).
         """
-        writing, nxt = self._arena.array("ctl.writing"), self._arena.array("ctl.next")
+        writing, nxt = lanes(self._arena.array("ctl.writing")), lanes(self._arena.array("ctl.next"))
         ring, written = self._arena.array("ctl.ring"), self._arena.array("ctl.written")
         take_shared_lock(self._ring_lock, _ABANDONED_LOCK_S)  # it may have died inside commit's lock
         try:
@@ -253,8 +271,8 @@ class ChunkWriter:
     def _bind(self) -> None:
         self._ring = self._arena.array("ctl.ring")
         self._written = self._arena.array("ctl.written")
-        self._next = self._arena.array("ctl.next")
-        self._writing = self._arena.array("ctl.writing")
+        self._next = lanes(self._arena.array("ctl.next"))
+        self._writing = lanes(self._arena.array("ctl.writing"))
         self._chunk_views: dict[int, dict[str, np.ndarray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from components.collector.chunks import ChunkWriter
 from components.collector.failures import Failure, FailureKind
-from components.shm import FieldSpec, SharedArena
+from components.shm import FieldSpec, SharedArena, lane_field, lanes
 
 _WAIT_S = 0.05
 _ERROR_BYTES = 4096
@@ -47,6 +47,7 @@ class WorkerControl:
     """Shared flags and counters between the driver and its workers."""
 
     def __init__(self, num_workers: int) -> None:
+        # Fields a worker writes every step are lanes (components.shm.lane_field): no two workers share a line.
         self._arena = SharedArena([
             # Per worker: all set to stop the graph, one to retire a worker (a server restart).
             FieldSpec("stop", (num_workers,), "int8"),
@@ -55,13 +56,13 @@ class WorkerControl:
             FieldSpec("status", (num_workers,), "int8"),
             FieldSpec("error", (num_workers, _ERROR_BYTES), "uint8"),
             FieldSpec("failure_kind", (num_workers,), "int8"),
-            FieldSpec("timing", (num_workers, len(TIMING)), "float64"),
-            FieldSpec("activity", (num_workers,), "int8"),
+            lane_field("timing", num_workers, "float64", len(TIMING)),
+            lane_field("activity", num_workers, "int8"),
             # when the env step in progress began (the step watchdog's clock)
-            FieldSpec("heartbeat", (num_workers,), "float64"),
+            lane_field("heartbeat", num_workers, "float64"),
             # when the worker last turned its loop, and how many turns it took (the progress watchdog's)
-            FieldSpec("progress", (num_workers,), "float64"),
-            FieldSpec("beats", (num_workers,), "int64"),
+            lane_field("progress", num_workers, "float64"),
+            lane_field("beats", num_workers, "int64"),
             FieldSpec("reset_epoch", (1,), "int64"),
             # lockstep collection: env steps (turns of a worker's loop) the driver has asked for so far; -1: no limit
             FieldSpec("granted", (1,), "int64"),
@@ -72,9 +73,9 @@ class WorkerControl:
     def _bind(self) -> None:
         a = self._arena
         self.stop, self.pause, self.paused = a.array("stop"), a.array("pause"), a.array("paused")
-        self.status, self.timing = a.array("status"), a.array("timing")
-        self.activity, self.heartbeat = a.array("activity"), a.array("heartbeat")
-        self.progress, self.beats = a.array("progress"), a.array("beats")
+        self.status, self.timing = a.array("status"), lanes(a.array("timing"), len(TIMING))
+        self.activity, self.heartbeat = lanes(a.array("activity")), lanes(a.array("heartbeat"))
+        self.progress, self.beats = lanes(a.array("progress")), lanes(a.array("beats"))
         self.reset_epoch = a.array("reset_epoch")
         self.granted = a.array("granted")
 

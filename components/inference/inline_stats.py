@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.shm import FieldSpec, SharedArena
+from components.shm import FieldSpec, SharedArena, lane_field, lanes
 
 #: Columns of a worker's row of the statistics table (cumulative since the run began).
 COUNTERS = ("requests", "rows", "weight_updates", "version", "batches")
@@ -23,17 +23,18 @@ class InlineStatsTable:
     """Per-worker counters and recent forward times in shared memory, one row per worker."""
 
     def __init__(self, num_workers: int, version: int) -> None:
-        self._arena = SharedArena([
-            FieldSpec("counters", (num_workers, len(COUNTERS)), "float64"),
+        self._arena = SharedArena([  # a worker's counters are written every request: lanes, not shared lines
+            lane_field("counters", num_workers, "float64", len(COUNTERS)),
             FieldSpec("forward", (num_workers, RING), "float64"),
-            FieldSpec("written", (num_workers,), "int64"),
+            lane_field("written", num_workers, "int64"),
         ])
         self._bind()
         self.counters[:, VERSION] = version
 
     def _bind(self) -> None:
         a = self._arena
-        self.counters, self.forward, self.written = a.array("counters"), a.array("forward"), a.array("written")
+        self.counters, self.forward = lanes(a.array("counters"), len(COUNTERS)), a.array("forward")
+        self.written = lanes(a.array("written"))
         self._totals: dict[int, list[Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
