@@ -203,8 +203,10 @@ def test_the_trainer_probe_times_a_real_step_on_a_copy_of_the_model():
     assert 1e-5 < step < 5.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
     # a step over budget is extrapolated from 8 and 32 rows, at least 4064/128 times the 32-row step beyond it
+    # (its bound is absolute, as the step's: a ratio of two readings taken at different moments failed in CI,
+    # a load spike during the extrapolation's probes made it 1.5x the bound)
     big = time_training(model, spec, rows=4096, budget_s=1e-6)
-    assert 0 < big < 1000 * max(step, 1e-3)
+    assert 1e-4 < big < 60.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
