@@ -21,7 +21,9 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 PARENT_POLL_S = 0.25
 _PR_SET_PDEATHSIG = 1
@@ -62,6 +64,45 @@ def become_child(parent_pid: int, spawned_from_main_thread: bool = True) -> None
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
 
 
+#: children started by :func:`start_immune` (weakly: a retired worker's process object may go)
+_IMMUNE: weakref.WeakSet[Any] = weakref.WeakSet()
+_backstop_armed = False
+
+
+def _kill_immune_children() -> None:
+    """At interpreter exit, SIGKILL the immune children nobody stopped.
+
+    ``multiprocessing``'s exit hook SIGTERMs daemonic children and then
+    joins them without a timeout; ours ignore SIGTERM, so a script that
+    ends (or raises) without shutting its collector or server down would
+    hang there for good. This finaliser runs before that hook (exit
+    priority 0 runs ahead of the joins); the owners' own at-exit clean-ups
+    (a collector's shutdown, priority 10) run before it.
+    """
+    for process in list(_IMMUNE):
+        force_stop(process, grace=2.0)
+
+
+def _call_at_exit(ref: weakref.ref[Any], method: str) -> None:
+    owner = ref()
+    if owner is not None:
+        getattr(owner, method)()
+
+
+def shutdown_at_exit(owner: object, method: str = "shutdown") -> Any:
+    """Call ``owner.<method>()`` at interpreter exit unless cancelled (``.cancel()`` on the returned handle).
+
+    For what owns immune children (a collector, a server): a script that
+    ends or raises without shutting it down stops it in order (shared memory
+    released) ahead of :func:`_kill_immune_children` and of multiprocessing's
+    exit hook, which would otherwise wait for ever on children that ignore
+    SIGTERM. Holds ``owner`` weakly.
+    """
+    import multiprocessing.util
+
+    return multiprocessing.util.Finalize(None, _call_at_exit, args=(weakref.ref(owner), method), exitpriority=10)
+
+
 def start_immune(process: object) -> None:
     """Start ``process`` with SIGINT and SIGTERM ignored from its first instruction.
 
@@ -70,10 +111,18 @@ def start_immune(process: object) -> None:
     that reaches the process group while the child is still importing
     cannot kill it with a traceback. The parent ignores the two signals only
     for the moment of the fork (a signal in those microseconds is lost: press
-    again).
+    again). Since such a child cannot be SIGTERMed, it is killed at the
+    parent's exit if still alive (:func:`_kill_immune_children`).
     """
+    global _backstop_armed
+    if not _backstop_armed:
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _kill_immune_children, exitpriority=0)
+        _backstop_armed = True
     with children_ignore_signals():
         process.start()  # type: ignore[attr-defined]
+    _IMMUNE.add(process)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ from components.inference.slots import SlotTransport
 from components.inference.transport import derive_layout
 from components.inference.weights import WeightsLockError
 from components.interaction import InteractionMode
-from components.lifecycle import release_semaphore_names
+from components.lifecycle import release_semaphore_names, shutdown_at_exit
 from components.models import ModelSpec
 
 __all__ = ["AsyncBatchedCollector", "CollectorError", "GraphSpec"]
@@ -151,6 +151,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self._mp = mp.get_context("spawn")
         self._server_lock = threading.RLock()  # a server restart vs. a weights push from another thread
         self._names_released = False  # the semaphore names were dropped (see _release_names)
+        self._at_exit: Any = None  # the at-exit shutdown, registered by start()
         self._build(stall_timeout, step_timeout, server_step_timeout, lockstep)
         self._restarts = WorkerRestarts(self, int(max_restarts), float(restart_window), int(server_restarts))
         self._monitor.restart = self._restarts if max_restarts > 0 else None
@@ -222,14 +223,10 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     def _release_names(self, pool: bool = True) -> None:
         """Drop the semaphore names once every process opened them, unless a relaunched process needs them.
 
-        With the names gone a SIGKILL of the whole group leaves nothing in
-        /dev/shm; a run that may relaunch worker processes keeps them (the
-        runner's sweep of dead runs' pid-named semaphores cleans up after a
-        kill then). A restarted server always gets a new transport and
-        weights channel, so their old names are never needed again. After a
-        server restart only the new ones are dropped (``pool=False``): the
-        chunk pool's were dropped at start, and dropping a name twice makes
-        multiprocessing's resource tracker print a traceback per name.
+        With the names gone a SIGKILL of the whole group leaves nothing in /dev/shm; a run that may relaunch
+        worker processes keeps them (the runner sweeps dead runs' pid-named semaphores). A restarted server
+        gets a new transport and weights channel, so after a server restart only the new names are dropped
+        (``pool=False``): dropping one twice makes the resource tracker print a traceback per name.
         """
         if self.graph.workers == "thread" or not self._restarts.may_relaunch_workers:
             release_semaphore_names(self._slots, self._pool if pool else None, self.server.weights_channel)
@@ -248,6 +245,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         if self._closed:
             raise RuntimeError("this collector was shut down; build a new one")
         self._started = True
+        self._at_exit = shutdown_at_exit(self)  # a script that ends or raises without shutdown() still exits
         try:
             try:
                 self.server.start()
@@ -283,6 +281,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         if self._closed:
             return
         self._closed = True
+        if self._at_exit is not None:
+            self._at_exit.cancel()
         self._writer.stopping()
         self._control.stop[:] = 1
         self._control.pause[0] = 0

@@ -34,7 +34,6 @@ from __future__ import annotations
 import importlib
 import multiprocessing as mp
 import multiprocessing.queues
-import multiprocessing.util
 import os
 import queue
 import sys
@@ -84,12 +83,6 @@ class _RowQueue(multiprocessing.queues.Queue):
         """
         self._reader.close()
         self.close()
-
-
-def _kill(process: Any) -> None:
-    if process.is_alive():
-        process.kill()
-        process.join(2.0)
 
 
 def _host_main(rows: Any, conn: Any, specs: Sequence[SinkSpec], parent_pid: int, from_main_thread: bool) -> None:
@@ -171,10 +164,7 @@ class SinkHost:
                                     name="metric-sinks", daemon=True)
         with child_pools(1):
             start_immune(self._process)
-        child.close()
-        # A host never closed (an error between its start and the run's clean-up): at exit multiprocessing
-        # would SIGTERM the child, which ignores it, and then wait for it forever. Killed first instead.
-        multiprocessing.util.Finalize(self, _kill, args=(self._process,), exitpriority=0)
+        child.close()  # a host never closed is killed at exit (start_immune's backstop), not waited for
 
     def _warn(self, name: str, what: str, detail: str) -> None:
         if name in self.names:
