@@ -80,27 +80,26 @@ def uniforms(bases: np.ndarray, steps: np.ndarray, width: int) -> np.ndarray:
 class BlockNoise:
     """The noise of a block of envs that all step together, made :data:`TABLE_STEPS` steps at a time.
 
-    ``current(steps)`` returns the ``[rows, width]`` uniforms for the block's
-    envs at ``steps`` (their step counts now): a view of a table made when
-    the steps first left it, so the block's per-step cost is one comparison.
+    ``current(step)`` returns the ``[rows, width]`` uniforms for the block's
+    envs at ``step`` (the step count they share): a view of a table made
+    when the step first left it, so the block's per-step cost is one
+    comparison of Python ints.
     """
 
     def __init__(self, seeds: Any, width: int) -> None:
         self.bases = stream_bases(seeds)
         self.width = int(width)
-        self._origin = np.zeros(0, np.int64)
+        self._origin = -1  # the step of the table's first row (-1: no table yet)
         self._table = np.zeros((0, len(self.bases), self.width), np.float32)
         self._offsets = np.arange(TABLE_STEPS, dtype=np.int64)[:, None]
 
-    def current(self, steps: np.ndarray) -> np.ndarray:
-        table, origin = self._table, self._origin
-        if origin.shape[0]:
-            k = int(steps[0] - origin[0])
-            # the block's envs step together: its first and last env tell a step on from a new start
-            if 0 <= k < table.shape[0] and int(steps[-1] - origin[-1]) == k:
-                return table[k]
-        self._origin = np.array(steps, np.int64)
-        self._table = uniforms(self.bases, self._origin + self._offsets, self.width)
+    def current(self, step: int) -> np.ndarray:
+        k = step - self._origin
+        if self._origin >= 0 and 0 <= k < TABLE_STEPS:
+            return self._table[k]
+        self._origin = int(step)
+        self._table = uniforms(self.bases, np.full(len(self.bases), self._origin, np.int64) + self._offsets,
+                               self.width)
         return self._table[0]
 
 

@@ -31,13 +31,11 @@ def test_block_noise_is_the_stream_function_of_seed_and_step_across_table_refill
     seeds = [11, 12, 13]
     bases = stream_bases(seeds)
     noise = BlockNoise(seeds, 3)
-    steps = np.zeros(3, np.int64)
-    for _ in range(3 * TABLE_STEPS + 5):  # three refills of the table
-        assert np.array_equal(noise.current(steps), uniforms(bases, steps, 3))
-        steps += 1
+    for step in range(3 * TABLE_STEPS + 5):  # three refills of the table
+        assert np.array_equal(noise.current(step), uniforms(bases, np.full(3, step), 3))
+    assert np.array_equal(noise.current(2), uniforms(bases, np.full(3, 2), 3))  # a step behind the table: remade
     restarted = BlockNoise(seeds, 3)  # a replacement worker starts past its predecessor's steps
-    at = np.array([500, 500, 500])
-    assert np.array_equal(restarted.current(at), uniforms(bases, at, 3))
+    assert np.array_equal(restarted.current(500), uniforms(bases, np.full(3, 500), 3))
     assert np.array_equal(rows_noise([12], [7], 3), uniforms(bases[1:2], np.array([7]), 3))
 
 

@@ -126,15 +126,20 @@ class EnvBlock:
         self._limits = PeeledLimits([limit for _, limit in peeled]) if any(limit for _, limit in peeled) else None
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
-        #: Steps taken by each env since the block started (contiguous per env). A block that
+        #: Steps taken by every env of the block since it started (contiguous). A block that
         #: replaces a crashed one starts past its predecessor's steps, leaving a gap that tells
         #: learners the trajectory was cut there.
-        self.env_step = np.full(n, first_step, np.int64)
+        self.steps = int(first_step)
         #: ``trainer.nan_policy=skip``: a non-finite step is cut out (see :meth:`step`), not an error
         self.skip_non_finite = skip_non_finite
 
     def __len__(self) -> int:
         return len(self._envs)
+
+    @property
+    def env_step(self) -> np.ndarray:
+        """Each env's step count (one for all: a block's envs step together; a Python int in :attr:`steps`)."""
+        return np.full(len(self.env_ids), self.steps, np.int64)
 
     def empty_rows(self) -> dict[str, np.ndarray]:
         """Private arrays for one step's env outputs (tests, thread helpers)."""
@@ -174,6 +179,7 @@ class EnvBlock:
         truncate: bool = False,
         acted: np.ndarray | None = None,
         actions_checked: bool = False,
+        flags_clear: bool = False,
     ) -> int:
         """Step every env once; returns how many envs' steps were cut out as non-finite.
 
@@ -203,6 +209,9 @@ class EnvBlock:
         layout (:class:`~components.collector.chunks.ChunkPool` with an
         observation stream) derives it without a second copy of every frame.
         ``actions_checked``: the caller ran :meth:`check_actions` on them already.
+        ``flags_clear``: the rows' terminated/truncated/done flags are all
+        False already (a chunk's, cleared once for all its steps): they are
+        written only where an episode ended.
         """
         skipped = 0
         next_obs = rows["next.observation"]
@@ -292,13 +301,13 @@ class EnvBlock:
             rows["next.terminated"][:] = terminated
             rows["next.truncated"][:] = truncated
             np.logical_or(rows["next.terminated"], rows["next.truncated"], out=done)
-        else:  # most steps: three fills instead of two list conversions and an or
+        elif not flags_clear:  # most steps: three fills instead of two list conversions and an or
             rows["next.terminated"].fill(False)
             rows["next.truncated"].fill(False)
             done.fill(False)
         self._episode_return += reward_arr
         self._episode_length += 1
-        self.env_step += 1
+        self.steps += 1
         rows["next.episode_return"][:] = self._episode_return
         rows["next.episode_length"][:] = self._episode_length
         if sparse:
@@ -310,14 +319,14 @@ class EnvBlock:
         for i in ended:
             obs, _ = self._envs[i].reset()
             if out_views is not None:
-                self._checked(i, f"on the reset after its step {int(self.env_step[i])}", tree.write, out_views, i, obs)
+                self._checked(i, f"on the reset after its step {self.steps}", tree.write, out_views, i, obs)
             else:
                 if ((type(obs) is not ndarray or obs.shape != shape
                      or (obs.dtype is not dtype and obs.dtype is not cast)) and not (type(obs) is int and int_obs)):
-                    obs = self._observation(i, obs, f"on the reset after its step {int(self.env_step[i])}")
+                    obs = self._observation(i, obs, f"on the reset after its step {self.steps}")
                 obs_out[i] = obs
             if self._values.active:
-                self._values.check(obs_out[i:i + 1], f"on the reset after its step {int(self.env_step[i])}",
+                self._values.check(obs_out[i:i + 1], f"on the reset after its step {self.steps}",
                                    self.env_step, i, masks=False)
             self._episode_return[i] = 0.0
             self._episode_length[i] = 0
@@ -365,7 +374,7 @@ class EnvBlock:
         try:
             return check(*args)
         except OffSpec as err:
-            at = when if when is not None else f"at its step {int(self.env_step[i]) + 1}"
+            at = when if when is not None else f"at its step {self.steps + 1}"
             raise violation(int(self.env_ids[i]), at, err) from None
 
     def close(self) -> None:

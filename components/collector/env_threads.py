@@ -210,7 +210,7 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
             m = len(ks)
             request[:m] = envs.obs[ks]
             if noise_request is not None:
-                steps = np.array([blocks[k].env_step[0] for k in ks.tolist()], np.int64)
+                steps = np.array([blocks[k].steps for k in ks.tolist()], np.int64)
                 noise_request[:m] = rows_noise(seeds[ks], steps, noise_request.shape[1])
             started = clock()
             channel.submit(m, mode)
@@ -230,7 +230,7 @@ def run_concurrent(worker: int, blocks: list[EnvBlock], channel: Any, chunks: Ch
             envs.actions[ks] = response["action"][:m]
             acted[ks] = request[:m]
             for k in ks.tolist():
-                env_step[k] = int(blocks[k].env_step[0])
+                env_step[k] = blocks[k].steps
             epoch = int(reset_epoch[0])
             truncate = env_epoch[ks] != epoch
             env_epoch[ks] = epoch

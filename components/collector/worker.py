@@ -45,6 +45,8 @@ from components.shm import FieldSpec
 
 #: how often a lockstep worker that has taken every step asked for looks for the next batch's
 _TURN_POLL_S = 0.0002
+#: the chunk fields a block step writes only where an episode ended (cleared once a chunk)
+_FLAGS = ("next.terminated", "next.truncated", "next.done")
 #: chunks whose step views a worker keeps (a writer cycles through a few; more are made per use)
 _CACHED_CHUNKS = 16
 
@@ -149,6 +151,19 @@ def _loop(
         progress[worker] = monotonic()
         beats[worker] += 1
 
+    # Time and row counts add up here, in Python numbers, and reach the shared timing row once a chunk
+    # (flush): a few read-modify-writes of shared floats a step cost ~1 us. ``steps`` is stored every turn
+    # (one store): a hang report names the step, and a replacement worker starts past it.
+    spent = [0.0, 0.0, 0, 0]  # env_s, infer_wait_s, frames, rows_requested since the last flush
+    steps_before = int(timing[3])
+
+    def flush() -> None:
+        timing[0] += spent[0]
+        timing[1] += spent[1]
+        timing[4] += spent[2]
+        timing[5] += spent[3]
+        spent[:] = [0.0, 0.0, 0, 0]
+
     # With an observation stream (see ChunkPool) each frame is written once, into the chunk row after the
     # step's: that row is what the next step acted on, and an inline policy reads it where it lies.
     streamed = chunks.stream == "observation"
@@ -181,14 +196,14 @@ def _loop(
         """Block ``i``'s request for its next step: its noise, its observation (unless acted on in place)."""
         n, channel = len(blocks[i]), channels[i]
         if direct[i] and streamed:  # an inline policy reads both where they lie
-            channel.submit(n, mode, obs[i], None if noises[i] is None else noises[i].current(blocks[i].env_step))
+            channel.submit(n, mode, obs[i], None if noises[i] is None else noises[i].current(blocks[i].steps))
         else:
             if noises[i] is not None:
-                channel.request[NOISE_KEY][:n] = noises[i].current(blocks[i].env_step)
+                channel.request[NOISE_KEY][:n] = noises[i].current(blocks[i].steps)
             if streamed:
                 channel.request["observation"][:n] = obs[i]
             channel.submit(n, mode)
-        timing[5] += n
+        spent[3] += n
 
     for i, block in enumerate(blocks):
         n = len(block)
@@ -207,92 +222,99 @@ def _loop(
     steps_down = np.arange(chunks.chunk_len, dtype=np.int64)[:, None]
     epoch = int(reset_epoch[0])
     t = 0
-    while not stop[0]:
-        beat()  # every turn, waits included (each wait below is bounded): a live worker always beats
-        if pause[0]:
-            # Quiesce: collect every answer in flight, then park.
-            activity[worker] = WAITING_ACTIONS
-            for i, channel in enumerate(channels):
-                if held[i] is None and not deferred[i]:
-                    held[i] = await_response(channel, stop, beat)
-            park(worker, control)
-            continue
-        if lockstep and any(deferred):
-            if taken >= granted[0]:
-                activity[worker] = WAITING_TURN
-                time.sleep(_TURN_POLL_S)
-                continue
-            for i in range(len(blocks)):
-                if deferred[i]:
-                    deferred[i] = False
-                    send(i)
-        if chunk is None:
-            chunk = acquire_chunk(worker, chunks, control)
-            if chunk is None:
-                continue  # re-check stop and pause
-            t = 0
-            # Per block and step, the chunk's views a step writes (made once per chunk: the writer hands out
-            # the same chunks in turn), and what is known for the whole chunk at once: which envs fill it and
-            # their step counts (each step adds one to every env's).
-            steps = views_of.get(id(chunk))
-            if steps is None:
-                steps = step_views(chunk, spans, chunks.chunk_len, response_keys, recorded, streamed)
-                if len(views_of) < _CACHED_CHUNKS:
-                    views_of[id(chunk)] = steps
-            for block, span in zip(blocks, spans):
-                chunk["env_index"][:, span] = block.env_ids
-                np.add(block.env_step, steps_down, out=chunk["env_step"][:, span])
-        truncate = epoch != reset_epoch[0]  # reset_at_each_iter: a new batch began
-        if truncate:
-            epoch = int(reset_epoch[0])
-        for i, (block, channel, span) in enumerate(zip(blocks, channels, spans)):
-            n = span.stop - span.start
-            started = clock()
-            if held[i] is None:
+    try:
+        while not stop[0]:
+            beat()  # every turn, waits included (each wait below is bounded): a live worker always beats
+            if pause[0]:
+                # Quiesce: collect every answer in flight, then park.
                 activity[worker] = WAITING_ACTIONS
-                response = await_response(channel, stop, beat)
-            else:
-                response = held[i]
-            held[i] = None
-            waited = clock()
-            activity[worker] = STEPPING
-            heartbeat[worker] = progress[worker] = monotonic()  # this block's step began: the step watchdog's clock
-            timing[1] += waited - started
-            acted, fresh, row, answered, carried = steps[i][t]
-            if not placed[i]:
-                acted[:] = obs[i]
-            action = response["action"][:n]
-            block.check_actions(action)  # before the chunk copy: a wrong shape named, not numpy's
-            for key, target in answered:
-                target[...] = response[key][:n]
-            for key, target in carried:
-                target[...] = channel.request[key][:n]
-            if streamed:
-                skipped = block.step(action, row, fresh, truncate, acted=acted, actions_checked=True)
-                obs[i], placed[i] = fresh, t < last
-            else:
-                skipped = block.step(action, row, obs[i], truncate, actions_checked=True)
-            if skipped:
-                timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
-            if state_keys:
-                carry_state(channel.request, response, state_keys, row["next.done"], n)
-            activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
-            if lockstep and taken + 1 >= granted[0]:
-                deferred[i] = True  # the last step asked for: the next request waits for the next batch's weights
-            else:
-                send(i)
-            timing[0] += clock() - waited
-            timing[4] += n
-        heartbeat[worker] = monotonic()
-        timing[3] += 1
-        t += 1
-        taken += 1
-        if t == chunks.chunk_len:
-            chunks.commit()
-            chunk = None
-            # obs (row chunk_len of the committed chunk) is copied into the next one's first row; this
-            # worker alone writes its chunks, and cycles through them in order, so nothing overwrites it first
-            placed = [False] * len(blocks)
+                for i, channel in enumerate(channels):
+                    if held[i] is None and not deferred[i]:
+                        held[i] = await_response(channel, stop, beat)
+                flush()
+                park(worker, control)
+                continue
+            if lockstep and any(deferred):
+                if taken >= granted[0]:
+                    activity[worker] = WAITING_TURN
+                    time.sleep(_TURN_POLL_S)
+                    continue
+                for i in range(len(blocks)):
+                    if deferred[i]:
+                        deferred[i] = False
+                        send(i)
+            if chunk is None:
+                chunk = acquire_chunk(worker, chunks, control)
+                if chunk is None:
+                    continue  # re-check stop and pause
+                t = 0
+                # Per block and step, the chunk's views a step writes (made once per chunk: the writer hands out
+                # the same chunks in turn), and what is known for the whole chunk at once: which envs fill it and
+                # their step counts (each step adds one to every env's).
+                steps = views_of.get(id(chunk))
+                if steps is None:
+                    steps = step_views(chunk, spans, chunks.chunk_len, response_keys, recorded, streamed)
+                    if len(views_of) < _CACHED_CHUNKS:
+                        views_of[id(chunk)] = steps
+                for block, span in zip(blocks, spans):
+                    chunk["env_index"][:, span] = block.env_ids
+                    np.add(block.steps, steps_down, out=chunk["env_step"][:, span])
+                for key in _FLAGS:  # a step writes flags only where an episode ended (EnvBlock.step's flags_clear)
+                    chunk[key].fill(False)
+            truncate = epoch != reset_epoch[0]  # reset_at_each_iter: a new batch began
+            if truncate:
+                epoch = int(reset_epoch[0])
+            for i, (block, channel, span) in enumerate(zip(blocks, channels, spans)):
+                n = span.stop - span.start
+                started = clock()
+                if held[i] is None:
+                    activity[worker] = WAITING_ACTIONS
+                    response = await_response(channel, stop, beat)
+                else:
+                    response = held[i]
+                held[i] = None
+                waited = clock()
+                activity[worker] = STEPPING
+                heartbeat[worker] = progress[worker] = monotonic()  # this block's step began: the step watchdog's clock
+                spent[1] += waited - started
+                acted, fresh, row, answered, carried = steps[i][t]
+                if not placed[i]:
+                    acted[:] = obs[i]
+                action = response["action"][:n]
+                block.check_actions(action)  # before the chunk copy: a wrong shape named, not numpy's
+                for key, target in answered:
+                    target[...] = response[key][:n]
+                for key, target in carried:
+                    target[...] = channel.request[key][:n]
+                if streamed:
+                    skipped = block.step(action, row, fresh, truncate, acted=acted, actions_checked=True,
+                                         flags_clear=True)
+                    obs[i], placed[i] = fresh, t < last
+                else:
+                    skipped = block.step(action, row, obs[i], truncate, actions_checked=True, flags_clear=True)
+                if skipped:
+                    timing[6] += skipped  # env steps cut out as non-finite (trainer.nan_policy=skip)
+                if state_keys:
+                    carry_state(channel.request, response, state_keys, row["next.done"], n)
+                activity[worker] = WAITING_ACTIONS  # out of the step: (server=inline) the policy runs in submit
+                if lockstep and taken + 1 >= granted[0]:
+                    deferred[i] = True  # the last step asked for: the next request waits for the next batch's weights
+                else:
+                    send(i)
+                spent[0] += clock() - waited
+                spent[2] += n
+            t += 1
+            taken += 1
+            timing[3] = steps_before + taken
+            if t == chunks.chunk_len:
+                flush()
+                chunks.commit()
+                chunk = None
+                # obs (row chunk_len of the committed chunk) is copied into the next one's first row; this
+                # worker alone writes its chunks, and cycles through them in order, so nothing overwrites it first
+                placed = [False] * len(blocks)
+    finally:
+        flush()  # what the last turns spent, however the loop ended
 
 
 def carried_state_keys(request: dict[str, np.ndarray], response_keys: tuple[str, ...]) -> tuple[str, ...]:
