@@ -42,7 +42,6 @@ from components.collector.spec_checks import (
 )
 from components.envs import EnvSpec
 
-add_reduce = np.add.reduce
 #: a step's terminated/truncated flags when no episode ended (never written to)
 _NO_FLAGS: list[bool] = []
 #: Keys of the env half of a transition (the policy adds its outputs).
@@ -117,6 +116,10 @@ class EnvBlock:
             self._low = np.asarray(self.spec.action_low, np.float32).reshape(self.spec.action_shape)
             self._high = np.asarray(self.spec.action_high, np.float32).reshape(self.spec.action_shape)
         n = len(self._envs)
+        #: what the finite checks of a step's rewards and (flat) observations sum with
+        self._ones_rows = np.ones(n, np.float32)
+        self._ones_obs = (np.ones(n * int(np.prod(self._obs_shape, dtype=np.int64)), self._obs_dtype)
+                          if self._float_obs and self._tree is None else None)
         #: what each env's step is called on: the whole chain for its first step (gymnasium's checker sees
         #: it), then what is under gym.make's own wrappers (:func:`peel_make_wrappers`)
         self._stepped = list(self._envs)
@@ -279,10 +282,11 @@ class EnvBlock:
         self._stepped = self._cores  # every env took its first step through its whole chain: from now on, under it
         reward_arr = rows["next.reward"]
         reward_arr[:] = rewards
-        # One reduction per leaf: a sum is finite when every value is (a sum that overflows takes the exact
-        # check below, which then finds nothing); a quarter of the isfinite-then-all cost on small blocks.
-        if not isfinite(add_reduce(reward_arr, None)) or (self._float_obs and not (
-                isfinite(add_reduce(fresh, None)) if tree is None else tree.finite(fresh))):
+        # One sum per leaf, as a dot product with ones (BLAS: ~0.25 us under numpy's reduction on a small
+        # block): a sum is finite when every value is (one that overflows takes the exact check below, which
+        # then finds nothing); a quarter of the isfinite-then-all cost on small blocks.
+        if not isfinite(self._ones_rows.dot(reward_arr)) or (self._float_obs and not (
+                isfinite(self._ones_obs.dot(fresh.reshape(-1))) if tree is None else tree.finite(fresh))):
             if not self.skip_non_finite:
                 raise_non_finite(reward_arr, fresh, self._tree, self._float_obs, self.env_ids, self.env_step)
             for i in non_finite_envs(reward_arr, fresh, self._tree, self._float_obs):

@@ -147,9 +147,12 @@ def _loop(
     progress, beats = control.progress, control.beats
     clock, monotonic = time.perf_counter, time.monotonic
 
+    beaten = [int(beats[worker])]  # the beat count, kept here and stored (a shared read-modify-write is dearer)
+
     def beat() -> None:
         progress[worker] = monotonic()
-        beats[worker] += 1
+        beaten[0] += 1
+        beats[worker] = beaten[0]
 
     # Time and row counts add up here, in Python numbers, and reach the shared timing row once a chunk
     # (flush): a few read-modify-writes of shared floats a step cost ~1 us. ``steps`` is stored every turn
@@ -192,9 +195,11 @@ def _loop(
     taken = 0  # turns of this loop completed (each steps every block once)
     deferred = [False] * len(blocks)  # blocks whose next request waits for the driver's next turn
 
+    sizes = [len(block) for block in blocks]
+
     def send(i: int) -> None:
         """Block ``i``'s request for its next step: its noise, its observation (unless acted on in place)."""
-        n, channel = len(blocks[i]), channels[i]
+        n, channel = sizes[i], channels[i]
         if direct[i] and streamed:  # an inline policy reads both where they lie
             channel.submit(n, mode, obs[i], None if noises[i] is None else noises[i].current(blocks[i].steps))
         else:
@@ -233,6 +238,7 @@ def _loop(
                         held[i] = await_response(channel, stop, beat)
                 flush()
                 park(worker, control)
+                beaten[0] = int(beats[worker])  # park beat on the shared count
                 continue
             if lockstep and any(deferred):
                 if taken >= granted[0]:
@@ -280,10 +286,16 @@ def _loop(
                 acted, fresh, row, answered, carried = steps[i][t]
                 if not placed[i]:
                     acted[:] = obs[i]
-                action = response["action"][:n]
-                block.check_actions(action)  # before the chunk copy: a wrong shape named, not numpy's
-                for key, target in answered:
-                    target[...] = response[key][:n]
+                if direct[i]:  # an inline policy answers with exactly the block's rows
+                    action = response["action"]
+                    block.check_actions(action)  # before the chunk copy: a wrong shape named, not numpy's
+                    for key, target in answered:
+                        target[...] = response[key]
+                else:  # a slot's response rows: the block's first n
+                    action = response["action"][:n]
+                    block.check_actions(action)
+                    for key, target in answered:
+                        target[...] = response[key][:n]
                 for key, target in carried:
                     target[...] = channel.request[key][:n]
                 if streamed:
