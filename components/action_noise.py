@@ -98,8 +98,7 @@ class BlockNoise:
         if self._origin >= 0 and 0 <= k < TABLE_STEPS:
             return self._table[k]
         self._origin = int(step)
-        self._table = uniforms(self.bases, np.full(len(self.bases), self._origin, np.int64) + self._offsets,
-                               self.width)
+        self._table = uniforms(self.bases, self._offsets + self._origin, self.width)  # [T, 1]: every env's step
         return self._table[0]
 
 

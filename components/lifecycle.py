@@ -83,24 +83,24 @@ def _kill_immune_children() -> None:
         force_stop(process, grace=2.0)
 
 
-def _call_at_exit(ref: weakref.ref[Any], method: str) -> None:
+def _shutdown(ref: weakref.ref[Any]) -> None:
     owner = ref()
     if owner is not None:
-        getattr(owner, method)()
+        owner.shutdown()
 
 
-def shutdown_at_exit(owner: object, method: str = "shutdown") -> Any:
-    """Call ``owner.<method>()`` at interpreter exit unless cancelled (``.cancel()`` on the returned handle).
+def shutdown_at_exit(owner: object) -> Any:
+    """Call ``owner.shutdown()`` at interpreter exit unless cancelled (``.cancel()`` on the returned handle).
 
-    For what owns immune children (a collector, a server): a script that
-    ends or raises without shutting it down stops it in order (shared memory
+    For what owns immune children (a collector): a script that ends or
+    raises without shutting it down stops it in order (shared memory
     released) ahead of :func:`_kill_immune_children` and of multiprocessing's
     exit hook, which would otherwise wait for ever on children that ignore
     SIGTERM. Holds ``owner`` weakly.
     """
     import multiprocessing.util
 
-    return multiprocessing.util.Finalize(None, _call_at_exit, args=(weakref.ref(owner), method), exitpriority=10)
+    return multiprocessing.util.Finalize(None, _shutdown, args=(weakref.ref(owner),), exitpriority=10)
 
 
 def start_immune(process: object) -> None:
