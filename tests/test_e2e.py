@@ -50,7 +50,10 @@ def test_a_short_run_writes_metrics_checkpoint_and_an_offline_wandb_run(tmp_path
                 "server/queue_latency_p95_ms", "server/forward_p50_ms", "server/policy_version",
                 "episode/return_mean", "episode/length_mean"):
         assert key in last, key
-    assert last["frames"] == 3000 and last["server/avg_batch_size"] == 8.0
+    # the policy runs inline in each worker: one forward per block of that worker's envs
+    per_worker = re.search(r"^  envs +8 in \d+ \w+ worker\(s\) of up to (\d+)$", result.stdout, re.M)
+    assert per_worker, result.stdout[:1500]
+    assert last["frames"] == 3000 and last["server/avg_batch_size"] == float(per_worker.group(1))
     assert all(r["collector/policy_lag_mean"] >= 0 for r in rows if "collector/policy_lag_mean" in r), \
         "lag is never negative: version 0 is the initial weights"
     assert sum(r["server/rows"] for r in rows) == last["server/rows_total"], "the rows are exact per interval"

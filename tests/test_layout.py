@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -173,6 +175,26 @@ def test_a_trainer_in_the_driver_moves_cheap_envs_out_of_its_interpreter():
     assert plan.graph.workers == "process" and plan.choice("transport").facts["trainer_s"] == pytest.approx(100e-6)
     # collection alone (the benchmark) counts no trainer: nothing bounds it but the CPUs and the workers
     assert "trainer" not in choose(CHEAP, 8)[0].detail
+
+
+def test_a_trainer_bound_tie_goes_to_the_layout_that_collects_fastest():
+    # every layout below the trainer's bound ties at 1 / trainer_s; the old rule took the fewest processes (one
+    # worker of 64), which a run that trains nothing (the benchmark) or a trainer quicker than probed leaves idle
+    trained = replace(CHEAP, trainer_s=40e-6)
+    best, ranked = choose(trained, 64)
+    assert best.bound == "trainer" and best.predicted_fps == pytest.approx(ranked[0].predicted_fps)
+    alone = {l: predict(l, CHEAP, 64).predicted_fps for l in ranked if l.predicted_fps >= 0.95 * best.predicted_fps}
+    assert len(alone) > 1, "the case must be a tie"
+    assert predict(best, CHEAP, 64).predicted_fps >= 0.95 * max(alone.values())
+    assert (best.workers, math.ceil(64 / best.envs_per_worker)) == ("process", 2), best
+    # the collection-only choice is the same layout: planning for the trainer gives nothing away
+    collect, _ = choose(CHEAP, 64)
+    assert (collect.workers, collect.server, collect.envs_per_worker) == (best.workers, best.server,
+                                                                          best.envs_per_worker)
+    # where collection headroom ties too, fewer processes still win
+    one_env = replace(trained, cpus=1)
+    best_one, _ = choose(one_env, 4)
+    assert best_one.workers == "thread" or math.ceil(4 / best_one.envs_per_worker) == 1, best_one
 
 
 def test_workers_auto_without_a_probe_means_thread_workers():

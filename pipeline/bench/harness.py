@@ -228,7 +228,11 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
             trials.append({"contender": contender, "num_envs": num_envs, "repeat": repeat, "fps": fps, **result})
             shown = f"{fps:12,.0f} fps" if fps is not None else f"FAILED: {result.get('error')}"
             if result.get("choice"):
-                shown += f"  (auto: {result['choice']}; predicted {result['predicted_fps']:,.0f})"
+                shown += f"  (auto: {result['choice']}; predicted {result['predicted_fps']:,.0f}"
+                trained = result.get("plan_predicted_fps")
+                if trained is not None and abs(trained - result["predicted_fps"]) > 0.5:
+                    shown += f", {trained:,.0f} with its trainer"
+                shown += ")"
             log(f"  [{len(trials)}/{total}, {time.monotonic() - started:4.0f} s] repeat {repeat + 1}/{cfg['repeats']} "
                 f"{contender:36s} envs={num_envs:<4d} {shown}")
 
