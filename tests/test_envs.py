@@ -267,6 +267,34 @@ def test_stepping_under_gym_makes_wrappers_matches_the_whole_chain_time_limits_i
         assert want["truncated"][:, 0].sum() >= 2 and want["truncated"][:, 2].sum() >= 1, "each its own limit"
 
 
+def test_episodes_after_the_first_reset_under_gym_makes_wrappers(monkeypatch):
+    # a reset through TimeLimit/OrderEnforcing/PassiveEnvChecker adds three Python calls and nothing the block
+    # needs (its own lengths are the time limit): ~1.5 % of a 32-env CartPole worker's CPU
+    from gymnasium.wrappers import TimeLimit
+
+    calls = []
+    whole_chain_reset = TimeLimit.reset
+
+    def counted(self, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        calls.append(kwargs.get("seed"))
+        return whole_chain_reset(self, **kwargs)
+
+    monkeypatch.setattr(TimeLimit, "reset", counted)
+    block = EnvBlock(GymEnvFactory("CartPole-v1", {"max_episode_steps": 5}), env_ids=[0, 1], seeds=[7, 8])
+    try:
+        obs = np.zeros((2, 4), np.float32)
+        block.reset(obs)
+        assert calls == [7, 8], "the first resets go through the whole chain (the checker sees them)"
+        ends = 0
+        for _ in range(12):
+            rows = block.empty_rows()
+            block.step(np.array([0, 1]), rows, obs)
+            ends += int(rows["next.done"].sum())
+        assert ends >= 4 and calls == [7, 8], "later episodes start under the wrappers"
+    finally:
+        block.close()
+
+
 def test_a_wrapper_of_the_users_own_stops_the_peeling():
     import gymnasium as gym
 

@@ -321,7 +321,7 @@ class EnvBlock:
             obs_out[:] = next_obs
         out_views = None if tree is None or not ended else tree.views(obs_out)
         for i in ended:
-            obs, _ = self._envs[i].reset()
+            obs, _ = self._cores[i].reset()  # under gym.make's wrappers, as the steps (their reset adds nothing)
             if out_views is not None:
                 self._checked(i, f"on the reset after its step {self.steps}", tree.write, out_views, i, obs)
             else:

@@ -20,8 +20,11 @@ def peel_make_wrappers(env: Any) -> tuple[Any, int]:
     stepping it), and the time limit is a count the block keeps anyway
     (its episode lengths). Stepping under them saves three Python calls a
     step, 0.3-0.5 us of CartPole's ~5 us (measured), more than every check
-    the block adds. Anything else (a user's wrapper, a preprocessing chain)
-    stops the peeling: what is under it is stepped as it is.
+    the block adds. The resets that start later episodes go under them too
+    (a reset there only zeroes the peeled limit's count and sets the order
+    flag already set): 1.5 % of a 32-env CartPole worker's CPU. Anything
+    else (a user's wrapper, a preprocessing chain) stops the peeling: what
+    is under it is stepped as it is.
     """
     from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
