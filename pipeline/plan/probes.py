@@ -293,6 +293,8 @@ def trainer_load(trainer: Any) -> tuple[int, float]:
 
 #: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
 TRAINER_PROBE_S = 0.25
+#: Seconds the run's own updates may take to be timed (:mod:`pipeline.plan.update_probe`), the warm-up included.
+UPDATE_PROBE_S = 0.3
 
 
 def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINER_PROBE_S) -> float:
@@ -353,7 +355,8 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
 
     With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
-    :func:`time_training`) enters the prediction: a layout that is fastest
+    :func:`time_training`, or an on-policy trainer's own update timed by
+    :mod:`pipeline.plan.update_probe`) enters the prediction: a layout that is fastest
     for collection alone can slow the learner that shares its interpreter.
     ``count_trainer=False`` leaves it out: a layout for collection alone
     (the benchmark's ``ours:collect``, which trains nothing).
@@ -371,10 +374,15 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
         return costs
     import torch
 
+    from pipeline.plan.update_probe import time_on_policy_update
+
     threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run
     try:
-        step_s = time_training(model.cpu(), env_spec, rows)
+        trainer_s = time_training(model.cpu(), env_spec, rows) * steps_per_frame
+        # the run's own update where it fits the budget: the stand-in misses what PPO does around each step
+        update_s = time_on_policy_update(cfg, model, env_spec, trainer_s * int(cfg.trainer.frames_per_batch),
+                                         UPDATE_PROBE_S)
     finally:
         torch.set_num_threads(threads)
-    return replace(costs, trainer_s=step_s * steps_per_frame)
+    return replace(costs, trainer_s=trainer_s if update_s is None else update_s)

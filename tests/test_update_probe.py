@@ -1,0 +1,92 @@
+"""The plan's trainer cost: the run's own on-policy update, timed on a batch of zeros shaped like the collector's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.trainers.ppo import PPOTrainer
+from pipeline.plan.inputs import build_env
+from pipeline.plan.model_spec import model_spec_for
+from pipeline.plan.probes import probe_for_config
+from pipeline.plan.update_probe import synthetic_batch, time_on_policy_update
+from tests.conftest import compose
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+
+def _inputs(*overrides: str):  # noqa: ANN202
+    cfg = compose(*overrides)
+    factory, spec = build_env(cfg)
+    return cfg, factory, spec, model_spec_for(cfg).build(spec)
+
+
+def test_the_plan_counts_what_the_runs_update_costs_not_only_its_optimiser_steps(monkeypatch):
+    # an update that spends 40 ms a batch beyond its steps (GAE, the loss, metrics: what the stand-in misses)
+    real_update = PPOTrainer.update
+
+    def slow_update(self, batch, *, frames):  # noqa: ANN001, ANN202
+        time.sleep(0.04)
+        return real_update(self, batch, frames=frames)
+
+    monkeypatch.setattr(PPOTrainer, "update", slow_update)
+    cfg, factory, spec, _ = _inputs()
+    costs = probe_for_config(cfg, factory, spec, cpus=2, policy_device="cpu", engine="numpy")
+    per_frame = 0.04 / int(cfg.trainer.frames_per_batch)
+    assert costs.trainer_s >= per_frame, f"{costs.trainer_s * 1e6:.1f} us a frame, the sleep alone is {per_frame * 1e6:.1f}"
+
+
+@pytest.mark.parametrize("overrides", [
+    (),  # CartPole, one minibatch per epoch
+    ("trainer.minibatches=4", "env.num_envs=16"),
+    ("model.rnn=lstm",),  # whole sequences from a recorded state
+    ("env=classic", "env.id=Pendulum-v1"),  # Box actions
+    ("env=gym", "env.id=Blackjack-v1"),  # a Tuple of Discrete observations
+    ("env.factory._target_=byo_example.PickEnvFactory", "~env.factory.id", "model._target_=byo_example.SlotPolicy",
+     "+model.width=16"),  # a Dict observation with an action mask, a model of the user's own
+], ids=["cartpole", "minibatches", "lstm", "box-actions", "tuple-obs", "dict-mask-own-model"])
+def test_the_zero_batch_feeds_every_kind_of_ppo_run(monkeypatch, overrides):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    cfg, _, spec, model = _inputs(*overrides)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+    real_update = PPOTrainer.update
+
+    def counted(self, batch, *, frames):  # noqa: ANN001, ANN202
+        metrics = real_update(self, batch, frames=frames)
+        calls.append(metrics)
+        return metrics
+
+    monkeypatch.setattr(PPOTrainer, "update", counted)
+    per_frame = time_on_policy_update(cfg, model, spec, estimate_s=0.0, budget_s=0.3)
+    assert per_frame is not None and 0.0 < per_frame < 0.05, "a failed update would have left the stand-in"
+    assert len(calls) >= 2, "a warm-up and at least one timed update"
+    # every timed update trained on every row, with all its epochs: none dropped as stale, none stopped early
+    assert all(m["dropped_stale_frames"] == 0 and m["trained_frames"] == int(cfg.trainer.frames_per_batch)
+               for m in calls)
+    assert all(m["approx_kl"] < 1e-3 for m in calls), "the behaviour log-probabilities are the model's own"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
+
+
+def test_a_replay_trainer_or_an_update_over_budget_keeps_the_stand_in(monkeypatch):
+    def refuse(self, batch, *, frames):  # noqa: ANN001, ANN202
+        raise AssertionError("timed an update the budget has no room for")
+
+    monkeypatch.setattr(PPOTrainer, "update", refuse)
+    cfg, _, spec, model = _inputs()
+    assert time_on_policy_update(cfg, model, spec, estimate_s=0.2, budget_s=0.3) is None
+    cfg, _, spec, model = _inputs("trainer=dqn", "replay=uniform")
+    assert time_on_policy_update(cfg, model, spec, estimate_s=0.0, budget_s=0.3) is None
+
+
+def test_the_zero_batch_has_a_collectors_layout():
+    _, _, spec, model = _inputs("env.num_envs=4")
+    batch = synthetic_batch(spec, model, frames=10, num_envs=4)
+    assert batch.batch_size == torch.Size([10])
+    assert batch["env_index"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert batch["env_step"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert batch["observation"].shape == (10, 4) and batch["next", "observation"].shape == (10, 4)
+    assert not batch["next", "done"].any()
