@@ -76,10 +76,25 @@ def test_a_replay_trainer_or_an_update_over_budget_keeps_the_stand_in(monkeypatc
         raise AssertionError("timed an update the budget has no room for")
 
     monkeypatch.setattr(PPOTrainer, "update", refuse)
-    cfg, _, spec, model = _inputs()
+    cfg, _, spec, model = _inputs()  # one minibatch a pass: nothing to leave out
     assert time_on_policy_update(cfg, model, spec, estimate_s=0.2, budget_s=0.3) is None
     cfg, _, spec, model = _inputs("trainer=dqn", "replay=uniform")
     assert time_on_policy_update(cfg, model, spec, estimate_s=0.0, budget_s=0.3) is None
+
+
+def test_an_update_too_long_for_the_budget_is_timed_on_fewer_minibatches_of_the_runs_size(monkeypatch):
+    seen = []
+    real_update = PPOTrainer.update
+
+    def counted(self, batch, *, frames):  # noqa: ANN001, ANN202
+        seen.append((self.config.minibatches, batch.numel(), int(batch["env_index"].max()) + 1))
+        return real_update(self, batch, frames=frames)
+
+    monkeypatch.setattr(PPOTrainer, "update", counted)
+    cfg, _, spec, model = _inputs("trainer.minibatches=8", "trainer.frames_per_batch=1024", "env.num_envs=16")
+    # the stand-in guessed 0.3 s for the whole update: 2 of its 8 minibatches fit 0.3 s twice, each up to 1.5x
+    assert time_on_policy_update(cfg, model, spec, estimate_s=0.3, budget_s=0.3) is not None
+    assert seen and all(s == (2, 256, 4) for s in seen), seen  # 128-row minibatches, from a quarter of the envs
 
 
 def test_the_zero_batch_has_a_collectors_layout():

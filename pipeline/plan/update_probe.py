@@ -87,22 +87,32 @@ def _behaviour_log_prob(model: Any, obs: Any, actions: Any) -> Any:
 def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float, budget_s: float) -> float | None:
     """Seconds per collected frame of one update of the run's trainer, or None where it is not timed.
 
-    None: the trainer learns from replay (its updates need a filled
-    buffer), or ``estimate_s`` (the stand-in's guess of one update) says a
-    warm-up and a timed update would not fit ``budget_s`` (a Nature CNN on
-    the CPU), or the trainer failed on the zero batch (the stand-in stays).
+    An update too long for ``budget_s`` (``estimate_s``: the stand-in's
+    guess of one whole update) is timed on fewer minibatches of the run's
+    size, from as many fewer envs: per frame it costs what the whole one does
+    (``epochs`` steps of the same rows, the same share of cut trajectories).
+    None: the trainer learns from replay (its updates need a filled buffer),
+    or even one minibatch would not fit (a Nature CNN on the CPU), or the
+    trainer failed on the zero batch (the stand-in's figure stays).
     """
     from hydra.utils import instantiate
 
     frames = max(1, int(cfg.trainer.frames_per_batch))
-    if 2 * estimate_s > budget_s:
+    minibatches = max(1, int(cfg.trainer.get("minibatches", 1)))
+    # a warm-up and one timed update must fit, each up to 1.5x the stand-in's guess (measured): keep the
+    # minibatches that do
+    kept = min(minibatches, int(minibatches * budget_s / max(3 * estimate_s, 1e-12)))
+    if kept < 1:
         return None
+    shrunk = {} if kept == minibatches else {"frames_per_batch": frames // minibatches * kept, "minibatches": kept}
+    frames = shrunk.get("frames_per_batch", frames)
+    envs = max(1, round(int(cfg.env.num_envs) * frames / max(1, int(cfg.trainer.frames_per_batch))))
     try:
-        make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
+        make = instantiate(cfg.trainer, _partial_=True, _convert_="all", **shrunk)
         trainer = make(model=copy.deepcopy(model).cpu(), device="cpu", policy_version=0)
         if not getattr(trainer, "on_policy", False):
             return None
-        batch = synthetic_batch(env_spec, trainer.model, frames, int(cfg.env.num_envs))
+        batch = synthetic_batch(env_spec, trainer.model, frames, envs)
         timings: list[float] = []  # the first is the warm-up (the optimiser's state, first allocations)
         while len(timings) <= _MAX_TIMED and (len(timings) < 2 or sum(timings) + timings[-1] < budget_s):
             # collected by the current weights: a batch stamped older is dropped as stale after a few updates
