@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from components.trainers.dqn import DQNTrainer
 from components.trainers.ppo import PPOTrainer
+from components.trainers.sac import SACTrainer
 from pipeline.plan.inputs import build_env
 from pipeline.plan.model_spec import model_spec_for
 from pipeline.plan.probes import probe_for_config
-from pipeline.plan.update_probe import synthetic_batch, time_on_policy_update
+from pipeline.plan.update_probe import replay_steps_per_frame, synthetic_batch, time_on_policy_update, time_replay_step
 from tests.conftest import compose
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
@@ -105,3 +107,49 @@ def test_the_zero_batch_has_a_collectors_layout():
     assert batch["env_step"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert batch["observation"].shape == (10, 4) and batch["next", "observation"].shape == (10, 4)
     assert not batch["next", "done"].any()
+
+
+def test_the_plan_counts_what_a_replay_step_costs_not_only_its_optimiser_step(monkeypatch):
+    real_learn = DQNTrainer.learn
+
+    def slow_learn(self, sample):  # noqa: ANN001, ANN202
+        time.sleep(0.005)
+        return real_learn(self, sample)
+
+    monkeypatch.setattr(DQNTrainer, "learn", slow_learn)
+    cfg, factory, spec, _ = _inputs("trainer=dqn", "replay=uniform")
+    costs = probe_for_config(cfg, factory, spec, cpus=2, policy_device="cpu", engine="numpy")
+    per_frame = 0.005 * replay_steps_per_frame(cfg.trainer)
+    assert replay_steps_per_frame(cfg.trainer) == int(cfg.trainer.updates_per_batch) / int(cfg.trainer.frames_per_batch)
+    assert costs.trainer_s >= per_frame, f"{costs.trainer_s * 1e6:.1f} us a frame, the sleep alone is {per_frame * 1e6:.1f}"
+
+
+@pytest.mark.parametrize("overrides,trainer", [
+    (("trainer=dqn", "replay=uniform"), DQNTrainer),
+    (("trainer=dqn", "replay=prioritized"), DQNTrainer),
+    (("trainer=sac", "replay=uniform", "env=classic", "env.id=Pendulum-v1"), SACTrainer),
+], ids=["dqn-uniform", "dqn-prioritized", "sac"])
+def test_a_replay_trainer_learns_from_a_buffer_of_zeros(monkeypatch, overrides, trainer):
+    cfg, _, spec, model = _inputs(*overrides)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = []
+    real_learn = trainer.learn
+
+    def counted(self, sample):  # noqa: ANN001, ANN202
+        steps.append(sample.batch_size[0])
+        return real_learn(self, sample)
+
+    monkeypatch.setattr(trainer, "learn", counted)
+    step = time_replay_step(cfg, model, spec, estimate_s=0.0, budget_s=0.3)
+    assert step is not None and 0.0 < step < 1.0, "a failed step would have left the stand-in"
+    assert len(steps) >= 2 and set(steps) == {int(cfg.trainer.batch_size)}, "a warm-up and timed steps of the run's size"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
+
+
+def test_a_replay_step_over_budget_keeps_the_stand_in(monkeypatch):
+    def refuse(self, sample):  # noqa: ANN001, ANN202
+        raise AssertionError("timed a step the budget has no room for")
+
+    monkeypatch.setattr(DQNTrainer, "learn", refuse)
+    cfg, _, spec, model = _inputs("trainer=dqn", "replay=uniform")
+    assert time_replay_step(cfg, model, spec, estimate_s=0.2, budget_s=0.3) is None

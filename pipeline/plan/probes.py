@@ -374,15 +374,22 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
         return costs
     import torch
 
-    from pipeline.plan.update_probe import time_on_policy_update
+    from pipeline.plan.update_probe import replay_steps_per_frame, time_on_policy_update, time_replay_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run
     try:
         trainer_s = time_training(model.cpu(), env_spec, rows) * steps_per_frame
-        # the run's own update where it fits the budget: the stand-in misses what PPO does around each step
-        update_s = time_on_policy_update(cfg, model, env_spec, trainer_s * int(cfg.trainer.frames_per_batch),
-                                         UPDATE_PROBE_S)
+        # the run's own update or gradient step where it fits the budget: the stand-in misses what PPO, DQN
+        # and SAC do around each optimiser step
+        if "epochs" in cfg.trainer:
+            update_s = time_on_policy_update(cfg, model, env_spec, trainer_s * int(cfg.trainer.frames_per_batch),
+                                             UPDATE_PROBE_S)
+        else:
+            per_frame = replay_steps_per_frame(cfg.trainer)
+            step_s = None if per_frame <= 0 else time_replay_step(cfg, model, env_spec, trainer_s / per_frame,
+                                                                  UPDATE_PROBE_S)
+            update_s = None if step_s is None else step_s * per_frame
     finally:
         torch.set_num_threads(threads)
     return replace(costs, trainer_s=trainer_s if update_s is None else update_s)

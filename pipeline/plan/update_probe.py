@@ -1,16 +1,18 @@
-"""The trainer's cost per collected frame, timed on the run's own on-policy update.
+"""The trainer's cost per collected frame, timed on the run's own trainer.
 
 :func:`~pipeline.plan.probes.time_training` times one optimiser step of
 the model (forward, backward, clipping, Adam) and scales it by the steps a
-batch takes. A PPO update does more around each step: the loss's own
+batch takes. A trainer does more around each step: PPO the loss's own
 element-wise operations, the minibatch indexing, the per-step metrics, and
-per batch the ordering, GAE and the bootstrap forward. On CartPole that
-stand-in read 35-40 us a frame where the run's updates took 53-76 us
-(``train/update_ms`` / ``frames_per_batch``), so the plan promised 1.5-1.9x
-the frames/s a trainer-bound run got, and took layouts apart that trained
-at the same speed. Where it fits the probe's budget, the run's own trainer
+per batch the ordering, GAE and the bootstrap forward; DQN and SAC the draw
+from the buffer, the target networks and the losses. On CartPole PPO that
+stand-in read 32-35 us a frame where the run's updates took 48-53 us
+(``train/update_ms`` / ``frames_per_batch``), so the plan promised 1.5x the
+frames/s a trainer-bound run got, and took apart layouts that trained at
+the same speed. Where it fits the probe's budget, the run's own trainer
 (built from ``cfg.trainer`` as the runner builds it, on a copy of the
-model) is timed on a batch of zeros shaped like the collector's.
+model) is timed: an on-policy one on a batch of zeros shaped like the
+collector's, a replay one on steps from a buffer of such zeros.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _behaviour_log_prob(model: Any, obs: Any, actions: Any) -> Any:
     from components.recurrent_state import state_leaves
 
     rows = obs.shape[0]
+    if not callable(getattr(model, "evaluate", None)):  # a Q-network (DQN): its batches carry no log-probability
+        return torch.zeros(rows)
     with torch.no_grad():
         if state_leaves(model):  # each row's own state: zeros, as the batch records
             state = {k: torch.zeros(1, *shape) for k, shape in state_leaves(model).items()}
@@ -95,7 +99,7 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
     or even one minibatch would not fit (a Nature CNN on the CPU), or the
     trainer failed on the zero batch (the stand-in's figure stays).
     """
-    from hydra.utils import instantiate
+    from pipeline.plan.trainer_spec import build_trainer
 
     frames = max(1, int(cfg.trainer.frames_per_batch))
     minibatches = max(1, int(cfg.trainer.get("minibatches", 1)))
@@ -108,8 +112,7 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
     frames = shrunk.get("frames_per_batch", frames)
     envs = max(1, round(int(cfg.env.num_envs) * frames / max(1, int(cfg.trainer.frames_per_batch))))
     try:
-        make = instantiate(cfg.trainer, _partial_=True, _convert_="all", **shrunk)
-        trainer = make(model=copy.deepcopy(model).cpu(), device="cpu", policy_version=0)
+        trainer = build_trainer(cfg, copy.deepcopy(model).cpu(), env_spec, "cpu", 0, **shrunk)
         if not getattr(trainer, "on_policy", False):
             return None
         batch = synthetic_batch(env_spec, trainer.model, frames, envs)
@@ -123,3 +126,56 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
     except Exception:  # noqa: BLE001 - a trainer this probe cannot feed keeps the stand-in's figure
         return None
     return min(timings[1:]) / frames
+
+
+def replay_steps_per_frame(trainer: Any) -> float:
+    """Gradient steps a replay trainer takes per collected frame (DQN: ``updates_per_batch`` a batch; SAC:
+    ``updates_per_frame``), as the runner's loop gives them."""
+    if "updates_per_batch" in trainer:
+        return int(trainer.updates_per_batch) / max(1, int(trainer.frames_per_batch))
+    return float(trainer.get("updates_per_frame", 0.0))
+
+
+#: rows a replay probe's buffer holds (samples of a batch size drawn from it, as from a filled buffer)
+_REPLAY_ROWS = 2048
+
+
+def time_replay_step(cfg: Any, model: Any, env_spec: Any, estimate_s: float, budget_s: float) -> float | None:
+    """Seconds of one gradient step of the run's replay trainer: a sample drawn, ``learn`` on it, priorities fed back.
+
+    The stand-in's optimiser step misses what a DQN or SAC step does
+    around it: the draw from the buffer, the target network's forward on
+    the successors, the loss, and SAC's second critic and actor step. The
+    run's trainer (on a copy of the model) learns from an in-memory buffer
+    of the run's sampler, filled with zero transitions. None: not a replay
+    trainer with ``learn``, a warm-up and a timed step would not fit
+    ``budget_s`` (``estimate_s``: the stand-in's guess of one step), or the
+    trainer failed on the zero rows (the stand-in's figure stays).
+    """
+    from components.replay.buffer import ReplayBuffer
+    from components.replay.storage import TensorStorage
+    from pipeline.plan.trainer_spec import build_trainer
+
+    if 3 * estimate_s > budget_s or "batch_size" not in cfg.trainer:
+        return None
+    rows = max(_REPLAY_ROWS, 2 * int(cfg.trainer.batch_size))
+    try:
+        trainer = build_trainer(cfg, copy.deepcopy(model).cpu(), env_spec, "cpu", 0)
+        if getattr(trainer, "on_policy", True) or not callable(getattr(trainer, "learn", None)):
+            return None
+        replay = cfg.get("replay", {})
+        sampler = str(replay.get("kind", "uniform"))
+        buffer = ReplayBuffer(TensorStorage(rows), sampler="uniform" if sampler == "none" else sampler,
+                              alpha=float(replay.get("alpha", 0.6)), beta=float(replay.get("beta", 0.4)), seed=0)
+        buffer.extend(synthetic_batch(env_spec, trainer.model, rows, int(cfg.env.num_envs)))
+        size = int(cfg.trainer.batch_size)
+        timings: list[float] = []  # the first is the warm-up
+        while len(timings) <= 2 * _MAX_TIMED and (len(timings) < 2 or sum(timings) + timings[-1] < budget_s):
+            started = time.perf_counter()
+            sample = buffer.sample(size)
+            _, td_abs = trainer.learn(sample)
+            buffer.update_priorities(sample["index"], td_abs.detach().cpu())
+            timings.append(time.perf_counter() - started)
+    except Exception:  # noqa: BLE001 - a trainer this probe cannot feed keeps the stand-in's figure
+        return None
+    return min(timings[1:])

@@ -8,17 +8,16 @@ a :class:`~pipeline.plan.validate.ConfigError`, one line before anything starts.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from components.models import ModelSpec
 from components.trainers.base import Trainer
 from pipeline.plan.model_spec import build_model, model_spec_for
+from pipeline.plan.trainer_spec import build_trainer
 from pipeline.plan import Plan
 from pipeline.plan.validate import ConfigError
 
@@ -32,24 +31,11 @@ def build_learner(cfg: DictConfig, env_spec: Any, plan: Plan) -> tuple[ModelSpec
     model_spec = model_spec_for(cfg)
     model = build_model(cfg, model_spec, env_spec)
     # a trainer with networks of its own beside the served one (SAC's critics) builds them from the env spec
-    # (given to the partial, not to instantiate: Hydra would turn the spec into a config node)
-    extra = {"env_spec": env_spec} if _takes_env_spec(str(cfg.trainer._target_)) else {}
-    make = instantiate(cfg.trainer, _partial_=True, _convert_="all")
-    trainer = make(model=model, device=plan.trainer_device, policy_version=int(cfg.collector.policy_version),
-                   **extra)
+    trainer = build_trainer(cfg, model, env_spec, plan.trainer_device, int(cfg.collector.policy_version))
     if not isinstance(trainer, Trainer):
         raise ConfigError(f"trainer._target_={cfg.trainer._target_!r}: not a Trainer "
                           "(needs on_policy, policy_version, update, state_dict)")
     return model_spec, trainer
-
-
-def _takes_env_spec(trainer_target: str) -> bool:
-    from hydra.utils import get_class
-
-    try:
-        return "env_spec" in inspect.signature(get_class(trainer_target)).parameters
-    except Exception:  # noqa: BLE001 - an unimportable target is reported by instantiate, in its words
-        return False
 
 
 def post_collect_hook(cfg: DictConfig) -> Any:
