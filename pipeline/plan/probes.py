@@ -354,10 +354,12 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
                      engine: str, trainer_device: str = "cpu", count_trainer: bool = True) -> Costs:
     """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
 
-    With a trainer on the CPU, its cost per frame (:func:`trainer_load`,
-    :func:`time_training`, or an on-policy trainer's own update timed by
-    :mod:`pipeline.plan.update_probe`) enters the prediction: a layout that is fastest
-    for collection alone can slow the learner that shares its interpreter.
+    With a trainer on the CPU, its cost per frame enters the prediction: a
+    layout that is fastest for collection alone can slow the learner that
+    shares its interpreter. The run's own trainer is timed where it fits
+    the budget (:mod:`pipeline.plan.update_probe`: a PPO update, a DQN or
+    SAC gradient step), else one optimiser step of the model stands in
+    (:func:`trainer_load`, :func:`time_training`).
     ``count_trainer=False`` leaves it out: a layout for collection alone
     (the benchmark's ``ours:collect``, which trains nothing).
     """
