@@ -96,6 +96,8 @@ class DQNTrainer:
         for p in self.target.parameters():
             p.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
+        # clipped every step and paired with the target's at each refresh: listed once, not walked each time
+        self._params, self._target_params = list(self.model.parameters()), list(self.target.parameters())
         self.updates = 0
         self._version = int(policy_version)  # the label of the initial weights (0 unless resumed)
         self.frames = 0
@@ -192,7 +194,7 @@ class DQNTrainer:
         loss = (weight * F.huber_loss(q, target, reduction="none", delta=cfg.huber_delta)).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm)
         check_finite(grad_norm, loss, f"DQN gradient step {self.updates + 1}")
         self.optimizer.step()
         self.updates += 1
@@ -210,7 +212,7 @@ class DQNTrainer:
     def _update_target(self) -> None:
         tau = self.config.tau
         with torch.no_grad():
-            for target, online in zip(self.target.parameters(), self.model.parameters()):
+            for target, online in zip(self._target_params, self._params):
                 if tau >= 1.0:
                     target.copy_(online)
                 else:
