@@ -270,25 +270,34 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
                  obs_bytes=obs_bytes, frame_bytes=frame_bytes, copy_s_per_byte=copy_s, copy_share=share)
 
 
-def trainer_load(trainer: Any) -> tuple[int, float]:
-    """(rows per gradient step, gradient steps per collected frame) of a trainer config.
+def replay_steps_per_frame(trainer: Any) -> float:
+    """Gradient steps a replay trainer takes per collected frame, as the runner's loop gives them (0: none).
 
-    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; DQN
-    takes ``updates_per_batch`` steps of ``batch_size`` rows per batch, SAC
-    ``updates_per_frame`` per frame (each counted as 4 steps of the served actor). A
-    trainer with neither is not counted (0 steps).
+    DQN takes ``updates_per_batch`` steps per batch, SAC ``updates_per_frame``.
+    """
+    if "updates_per_batch" in trainer:
+        return int(trainer.updates_per_batch) / max(1, int(trainer.frames_per_batch))
+    return float(trainer.get("updates_per_frame", 0.0))
+
+
+def trainer_load(trainer: Any) -> tuple[int, float]:
+    """(rows per optimiser step, optimiser steps per collected frame) of a trainer config.
+
+    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; a
+    replay trainer takes :func:`replay_steps_per_frame` steps of
+    ``batch_size`` rows, each of SAC's counted as 4 steps of the served actor.
+    A trainer with neither is not counted (0 steps).
     """
     frames = max(1, int(trainer.frames_per_batch))
     if "epochs" in trainer:
         minibatches = max(1, int(trainer.minibatches))
         return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
-    if "updates_per_batch" in trainer:
-        return max(1, int(trainer.batch_size)), int(trainer.updates_per_batch) / frames
-    if "updates_per_frame" in trainer:
-        # SAC: per critic step, the critics' forward and backward on the batch and on the actor's draw, the
-        # target critics and the actor's sample of the next observations: about 4 of the actor's steps
-        return max(1, int(trainer.batch_size)), 4.0 * float(trainer.updates_per_frame)
-    return 1, 0.0
+    steps = replay_steps_per_frame(trainer)
+    if steps <= 0:
+        return 1, 0.0
+    # SAC: per critic step, the critics' forward and backward on the batch and on the actor's draw, the
+    # target critics and the actor's sample of the next observations: about 4 of the actor's steps
+    return max(1, int(trainer.batch_size)), steps * (4.0 if "updates_per_frame" in trainer else 1.0)
 
 
 #: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
@@ -376,7 +385,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
         return costs
     import torch
 
-    from pipeline.plan.update_probe import replay_steps_per_frame, time_on_policy_update, time_replay_step
+    from pipeline.plan.update_probe import time_on_policy_update, time_replay_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run

@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 #: updates timed at most (the fastest is kept: a busy moment must not change the layout)
 _MAX_TIMED = 4
+
+
+def _fastest(call: Callable[[], Any], budget_s: float, most: int) -> float:
+    """Seconds of the fastest of up to ``most`` calls after a warm-up (the optimiser's state, first allocations),
+    as many as fit ``budget_s`` (at least one)."""
+    timings: list[float] = []
+    while len(timings) <= most and (len(timings) < 2 or sum(timings) + timings[-1] < budget_s):
+        started = time.perf_counter()
+        call()
+        timings.append(time.perf_counter() - started)
+    return min(timings[1:])
 
 
 def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int) -> Any:
@@ -40,8 +52,8 @@ def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int) -> An
 
     envs = max(1, min(int(num_envs), frames))
     steps = -(-frames // envs)
-    obs = torch.from_numpy(np.broadcast_to(env_spec.zero_observation(),
-                                           (frames, *np.shape(env_spec.zero_observation()))).copy())
+    first = env_spec.zero_observation()
+    obs = torch.from_numpy(np.broadcast_to(first, (frames, *np.shape(first))).copy())
     zeros = torch.zeros(frames)
     off = torch.zeros(frames, dtype=torch.bool)
     actions = torch.from_numpy(env_spec.zero_actions(frames))
@@ -79,9 +91,10 @@ def _behaviour_log_prob(model: Any, obs: Any, actions: Any) -> Any:
     rows = obs.shape[0]
     if not callable(getattr(model, "evaluate", None)):  # a Q-network (DQN): its batches carry no log-probability
         return torch.zeros(rows)
+    leaves = state_leaves(model)
     with torch.no_grad():
-        if state_leaves(model):  # each row's own state: zeros, as the batch records
-            state = {k: torch.zeros(1, *shape) for k, shape in state_leaves(model).items()}
+        if leaves:  # each row's own state: zeros, as the batch records
+            state = {k: torch.zeros(1, *shape) for k, shape in leaves.items()}
             log_prob = model.evaluate_sequences(obs[:1, None], actions[:1, None], state)[0].reshape(-1)[:1]
         else:
             log_prob = model.evaluate(obs[:1], actions[:1])[0]
@@ -116,24 +129,15 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
         if not getattr(trainer, "on_policy", False):
             return None
         batch = synthetic_batch(env_spec, trainer.model, frames, envs)
-        timings: list[float] = []  # the first is the warm-up (the optimiser's state, first allocations)
-        while len(timings) <= _MAX_TIMED and (len(timings) < 2 or sum(timings) + timings[-1] < budget_s):
+
+        def update() -> None:
             # collected by the current weights: a batch stamped older is dropped as stale after a few updates
             batch["policy_version"].fill_(int(trainer.policy_version))
-            started = time.perf_counter()
             trainer.update(batch.clone(), frames=frames)
-            timings.append(time.perf_counter() - started)
+
+        return _fastest(update, budget_s, _MAX_TIMED) / frames
     except Exception:  # noqa: BLE001 - a trainer this probe cannot feed keeps the stand-in's figure
         return None
-    return min(timings[1:]) / frames
-
-
-def replay_steps_per_frame(trainer: Any) -> float:
-    """Gradient steps a replay trainer takes per collected frame (DQN: ``updates_per_batch`` a batch; SAC:
-    ``updates_per_frame``), as the runner's loop gives them."""
-    if "updates_per_batch" in trainer:
-        return int(trainer.updates_per_batch) / max(1, int(trainer.frames_per_batch))
-    return float(trainer.get("updates_per_frame", 0.0))
 
 
 #: rows a replay probe's buffer holds (samples of a batch size drawn from it, as from a filled buffer)
@@ -163,19 +167,17 @@ def time_replay_step(cfg: Any, model: Any, env_spec: Any, estimate_s: float, bud
         trainer = build_trainer(cfg, copy.deepcopy(model).cpu(), env_spec, "cpu", 0)
         if getattr(trainer, "on_policy", True) or not callable(getattr(trainer, "learn", None)):
             return None
-        replay = cfg.get("replay", {})
-        sampler = str(replay.get("kind", "uniform"))
-        buffer = ReplayBuffer(TensorStorage(rows), sampler="uniform" if sampler == "none" else sampler,
-                              alpha=float(replay.get("alpha", 0.6)), beta=float(replay.get("beta", 0.4)), seed=0)
+        replay = cfg.replay
+        buffer = ReplayBuffer(TensorStorage(rows), sampler=str(replay.kind), alpha=float(replay.alpha),
+                              beta=float(replay.beta), seed=0)
         buffer.extend(synthetic_batch(env_spec, trainer.model, rows, int(cfg.env.num_envs)))
         size = int(cfg.trainer.batch_size)
-        timings: list[float] = []  # the first is the warm-up
-        while len(timings) <= 2 * _MAX_TIMED and (len(timings) < 2 or sum(timings) + timings[-1] < budget_s):
-            started = time.perf_counter()
+
+        def step() -> None:
             sample = buffer.sample(size)
             _, td_abs = trainer.learn(sample)
             buffer.update_priorities(sample["index"], td_abs.detach().cpu())
-            timings.append(time.perf_counter() - started)
+
+        return _fastest(step, budget_s, 2 * _MAX_TIMED)
     except Exception:  # noqa: BLE001 - a trainer this probe cannot feed keeps the stand-in's figure
         return None
-    return min(timings[1:])
