@@ -292,6 +292,8 @@ def test_a_wrong_model_is_one_line_when_the_config_is_planned(overrides, line):
 @pytest.mark.parametrize(("overrides", "line"), [
     (["model._target_=tests.fakes.NoEvaluateModel"],
      "model._target_='tests.fakes.NoEvaluateModel': NoEvaluateModel has no evaluate method(s); trainer=ppo calls"),
+    # before the plan's probes build the trainer (a Hydra traceback and exit 1 before)
+    (["trainer._target_=tests.fakes.NoSuchTrainer"], "trainer._target_='tests.fakes.NoSuchTrainer': cannot import it"),
 ])
 def test_a_wrong_model_is_one_line_before_any_process_starts(tmp_path, overrides, line):
     from tests.conftest import run_pipeline

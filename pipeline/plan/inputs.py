@@ -129,7 +129,9 @@ def plan_config(cfg: DictConfig, machine: Machine, count_trainer: bool = True) -
     ``count_trainer=False``: the layout for collection alone (see :func:`~pipeline.plan.probes.probe_for_config`).
     """
     from pipeline.plan.model_spec import build_model, model_spec_for
+    from pipeline.plan.trainer_spec import trainer_class
 
+    trainer_class(cfg)  # a trainer that does not import is one line now, not a probe's or the learner's traceback
     env_factory, env_spec = build_env(cfg)
     if str(cfg.trainer.name) in ("ppo", "dqn", "sac"):  # a wrong model is one line now, not a failed probe or worker
         build_model(cfg, model_spec_for(cfg), env_spec)

@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.plan.validate import ConfigError
+from pipeline.plan.validate import ConfigError, import_target
 
 #: the model keys of a recurrent core (components.recurrent), given to a model only when model.rnn is set or it takes them
 RECURRENT_KEYS = ("rnn", "rnn_hidden", "rnn_layers")
@@ -21,7 +21,6 @@ def model_spec_for(cfg: DictConfig) -> Any:
     :func:`components.model_contract.accepted_kwargs`).
     """
     import dataclasses
-    import importlib
 
     from omegaconf import OmegaConf
 
@@ -43,11 +42,7 @@ def model_spec_for(cfg: DictConfig) -> Any:
         else:
             target = RECURRENT_MODEL
     if target not in NUMPY_MODELS and target != RECURRENT_MODEL:
-        module, _, name = target.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise ConfigError(f"model._target_={target!r}: cannot import it ({type(err).__name__}: {err})") from None
+        cls = import_target("model._target_", target)
         common = {f.name for f in dataclasses.fields(ModelSchema)} - {"_target_"}
         kwargs = accepted_kwargs(cls, kwargs, optional=common)
     return ModelSpec(target, kwargs)

@@ -5,26 +5,26 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from pipeline.plan.validate import import_target
 
-def takes_env_spec(trainer_target: str) -> bool:
-    """Whether the trainer class builds networks of its own from the env spec (SAC's critics)."""
-    from hydra.utils import get_class
 
-    try:
-        return "env_spec" in inspect.signature(get_class(trainer_target)).parameters
-    except Exception:  # noqa: BLE001 - an unimportable target is reported by instantiate, in its words
-        return False
+def trainer_class(cfg: Any) -> Any:
+    """The class ``trainer._target_`` names; one :class:`~pipeline.plan.validate.ConfigError` line when it cannot
+    be imported (before any probe or process starts)."""
+    return import_target("trainer._target_", str(cfg.trainer._target_))
 
 
 def build_trainer(cfg: Any, model: Any, env_spec: Any, device: str, policy_version: int, **overrides: Any) -> Any:
     """The trainer ``cfg.trainer._target_`` names, with its other keys (and ``overrides``) as hyper-parameters.
 
-    A new algorithm is a new config, not a branch here. The env spec is
-    given to the partial, not to instantiate: Hydra would turn it into a
-    config node.
+    A new algorithm is a new config, not a branch here. A trainer with
+    networks of its own beside the served one (SAC's critics) takes the env
+    spec, given to the partial, not to instantiate: Hydra would turn it into
+    a config node.
     """
     from hydra.utils import instantiate
 
-    extra = {"env_spec": env_spec} if takes_env_spec(str(cfg.trainer._target_)) else {}
+    takes_spec = "env_spec" in inspect.signature(trainer_class(cfg)).parameters
+    extra = {"env_spec": env_spec} if takes_spec else {}
     make = instantiate(cfg.trainer, _partial_=True, _convert_="all", **overrides)
     return make(model=model, device=device, policy_version=policy_version, **extra)

@@ -30,6 +30,17 @@ class ConfigError(ValueError):
     """A config value the run cannot start with (printed as one line, exit code 2)."""
 
 
+def import_target(key: str, target: str) -> Any:
+    """The class or callable a ``_target_`` names; a :class:`ConfigError` naming ``key`` when it cannot be imported."""
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ConfigError(f"{key}={target!r}: cannot import it ({type(err).__name__}: {err})") from None
+
+
 def _one_line(message: str) -> str:
     return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
