@@ -10,7 +10,8 @@ import pytest
 from dataclasses import replace
 
 from pipeline.plan.layout import Costs, Layout, choose, machine_limit, predict
-from pipeline.plan.probes import measure, time_training, trainer_load
+from pipeline.plan.probes import measure
+from pipeline.plan.trainer_probe import time_training, trainer_load
 from pipeline.plan import Machine, resolve_plan
 from tests.conftest import compose
 

@@ -61,7 +61,7 @@ class Costs:
     engine: str = "numpy"
     cpus: int = 1
     #: the trainer's CPU seconds per collected frame, on the driver's interpreter (0: collection only,
-    #: as the benchmark measures it; see :func:`time_training` and :mod:`pipeline.plan.update_probe`)
+    #: as the benchmark measures it; see :func:`time_training` and :mod:`pipeline.plan.trainer_probe`)
     trainer_s: float = 0.0
     #: bytes of one observation, of one whole transition as stored, and what moving a byte through memory
     #: costs (a copy too big for the caches): what big frames add per frame (see :func:`predict`)

@@ -18,6 +18,8 @@ import numpy as np
 
 from pipeline.plan.layout import BATCHES, DEFAULT_HOP_S, Costs
 from pipeline.plan.machine_probes import BIG_FRAME_BYTES, STREAM_BYTES, time_hop, time_shared_copy
+from pipeline.plan.trainer_probe import (UPDATE_PROBE_S, replay_steps_per_frame, time_on_policy_update, time_replay_step,
+                                         time_training, trainer_load)
 
 #: Rounds each probe is split into; the median round is kept.
 ROUNDS = 5
@@ -270,95 +272,6 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
                  obs_bytes=obs_bytes, frame_bytes=frame_bytes, copy_s_per_byte=copy_s, copy_share=share)
 
 
-def replay_steps_per_frame(trainer: Any) -> float:
-    """Gradient steps a replay trainer takes per collected frame, as the runner's loop gives them (0: none).
-
-    DQN takes ``updates_per_batch`` steps per batch, SAC ``updates_per_frame``.
-    """
-    if "updates_per_batch" in trainer:
-        return int(trainer.updates_per_batch) / max(1, int(trainer.frames_per_batch))
-    return float(trainer.get("updates_per_frame", 0.0))
-
-
-def trainer_load(trainer: Any) -> tuple[int, float]:
-    """(rows per optimiser step, optimiser steps per collected frame) of a trainer config.
-
-    PPO passes over each batch ``epochs`` times in ``minibatches`` steps; a
-    replay trainer takes :func:`replay_steps_per_frame` steps of
-    ``batch_size`` rows, each of SAC's counted as 4 steps of the served actor.
-    A trainer with neither is not counted (0 steps).
-    """
-    frames = max(1, int(trainer.frames_per_batch))
-    if "epochs" in trainer:
-        minibatches = max(1, int(trainer.minibatches))
-        return max(1, frames // minibatches), int(trainer.epochs) * minibatches / frames
-    steps = replay_steps_per_frame(trainer)
-    if steps <= 0:
-        return 1, 0.0
-    # SAC: per critic step, the critics' forward and backward on the batch and on the actor's draw, the
-    # target critics and the actor's sample of the next observations: about 4 of the actor's steps
-    return max(1, int(trainer.batch_size)), steps * (4.0 if "updates_per_frame" in trainer else 1.0)
-
-
-#: Seconds the trainer probe may spend (a Nature CNN's step on the CPU is measured on fewer rows).
-TRAINER_PROBE_S = 0.25
-#: Seconds the run's own updates may take to be timed (:mod:`pipeline.plan.update_probe`), the warm-up included.
-UPDATE_PROBE_S = 0.3
-
-
-def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINER_PROBE_S) -> float:
-    """Seconds of one optimiser step (forward, backward, clipping, Adam) on ``rows`` rows of this model.
-
-    A stand-in for the trainer's step (its loss is a few more element-wise
-    operations), on a copy of the model so the run's initial weights are
-    untouched. Steps of 8 and 32 rows give a fixed and a per-row cost; a
-    full step that would not fit the budget (a Nature CNN on the CPU) is
-    extrapolated from them, otherwise it is timed. Each size keeps its
-    fastest reading: a step slowed by a busy moment must not change the
-    layout (scaling one slow 8-row step up 32x once made a CartPole
-    trainer look 30x dearer than it is).
-    """
-    import copy
-
-    import torch
-
-    model = copy.deepcopy(model).train()
-    first = env_spec.zero_observation()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    # a model of the user's own may have no forward (the contract asks PPO's for evaluate): step through that
-    forward = model if type(model).forward is not torch.nn.Module.forward else \
-        (lambda obs: model.evaluate(obs, torch.from_numpy(env_spec.zero_actions(obs.shape[0]))))
-
-    def step(n: int) -> float:
-        obs = torch.from_numpy(np.broadcast_to(first, (n, *first.shape)).copy())
-        started = time.perf_counter()
-        out = forward(obs)
-        loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        return time.perf_counter() - started
-
-    small, mid = min(rows, 8), min(rows, 32)
-    step(small)  # warm-up: first calls allocate (and import what the optimiser needs)
-    t_small = min(step(small) for _ in range(3))
-    if mid == small:
-        return t_small
-    t_mid = min(step(mid) for _ in range(3))
-    # Noise can make the two sizes read alike: never call more than 3/4 of the 32-row step fixed.
-    per_row = max((t_mid - t_small) / (mid - small), t_mid / mid / 4)
-    estimate = t_mid + per_row * (rows - mid)
-    if rows == mid or estimate > budget_s / 4:
-        return estimate
-    timings = [step(rows)]
-    while sum(timings) < budget_s / 2 and len(timings) < 20:
-        timings.append(step(rows))
-    return min(timings)
-
-
 def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: int, policy_device: str,
                      engine: str, trainer_device: str = "cpu", count_trainer: bool = True) -> Costs:
     """:func:`measure` for a run's config: its model, on its policy device, with the engine the plan chose.
@@ -366,7 +279,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     With a trainer on the CPU, its cost per frame enters the prediction: a
     layout that is fastest for collection alone can slow the learner that
     shares its interpreter. The run's own trainer is timed where it fits
-    the budget (:mod:`pipeline.plan.update_probe`: a PPO update, a DQN or
+    the budget (:mod:`pipeline.plan.trainer_probe`: a PPO update, a DQN or
     SAC gradient step), else one optimiser step of the model stands in
     (:func:`trainer_load`, :func:`time_training`).
     ``count_trainer=False`` leaves it out: a layout for collection alone
@@ -384,8 +297,6 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     if not count_trainer or trainer_device != "cpu" or steps_per_frame == 0:
         return costs
     import torch
-
-    from pipeline.plan.update_probe import time_on_policy_update, time_replay_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.torch_threads))  # as the trainer will run

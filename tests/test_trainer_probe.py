@@ -13,8 +13,9 @@ from components.trainers.ppo import PPOTrainer
 from components.trainers.sac import SACTrainer
 from pipeline.plan.inputs import build_env
 from pipeline.plan.model_spec import model_spec_for
-from pipeline.plan.probes import probe_for_config, replay_steps_per_frame
-from pipeline.plan.update_probe import synthetic_batch, time_on_policy_update, time_replay_step
+from pipeline.plan.probes import probe_for_config
+from pipeline.plan.trainer_probe import (replay_steps_per_frame, synthetic_batch, time_on_policy_update,
+                                         time_replay_step)
 from tests.conftest import compose
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
