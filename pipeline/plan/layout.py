@@ -340,9 +340,11 @@ def choose(costs: Costs, num_envs: int, workers: str | None = None,
 
     Near-ties (within 5 %) go to the layout that would collect fastest with
     no trainer, then, among those within 5 % of that, to fewer processes.
-    A trainer bound makes many layouts tie, and the trainer's probe is the
-    least precise figure (7.9 us a frame probed, 13.4 measured on CartPole
-    PPO): collection headroom costs nothing while the trainer binds (CartPole
+    A trainer bound makes many layouts tie, and the trainer's figure moves
+    most between runs (timed on the run's own update, the default command
+    was predicted 17,334-20,780 frames/s on one day; the optimiser step that
+    stood in before read 7.9 us a frame where CartPole PPO took 13.4):
+    collection headroom costs nothing while the trainer binds (CartPole
     PPO, 64 envs, trained to 600,000 frames: one worker 8.8-12.4 s, two
     workers 8.6-9.0 s) and keeps the run fast when the trainer is quicker
     than probed. Processes cost memory and start-up time, so they break the
