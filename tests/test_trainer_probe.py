@@ -21,6 +21,16 @@ from tests.conftest import compose
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """As the plan probes (``torch_threads``, 1 by default): with a pool per CPU, a test beside another on 2
+    CPUs spun for a minute (the box-actions update took 65 s in CI) and starved its neighbour's timings."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _inputs(*overrides: str):  # noqa: ANN202
     cfg = compose(*overrides)
     factory, spec = build_env(cfg)
