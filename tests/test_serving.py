@@ -11,7 +11,9 @@ import torch
 from components.envs import EnvSpec
 from components.interaction import InteractionMode
 from components.models import ActorCritic
-from components.inference.serving import NumpyActorCritic, TorchEngine, serving_engine
+from components.inference.numpy_engine import CONVERT_COLUMNS, first_product
+from components.inference.serving import NumpyActorCritic, NumpyQNetwork, TorchEngine, serving_engine
+from components.models import QNetwork
 
 DISCRETE = EnvSpec((4,), "float32", "discrete", action_n=3)
 CONTINUOUS = EnvSpec((5,), "float32", "continuous", action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -33,6 +35,46 @@ def test_numpy_engine_matches_torch_log_probs_values_and_greedy_actions(spec):
     sampled = engine.act({"observation": obs}, np.zeros(64, np.int8))
     log_prob, _, _ = model.evaluate(torch.from_numpy(obs), torch.as_tensor(sampled["action"]))
     assert np.allclose(sampled["sample_log_prob"], log_prob.detach().numpy(), atol=1e-4)
+
+
+#: wider than one conversion block, with a part-filled last block
+WIDE = 2 * CONVERT_COLUMNS + 123
+
+
+@pytest.mark.parametrize("obs_norm", [False, True], ids=["raw", "normalised"])
+def test_wide_integer_rows_are_converted_in_blocks_and_act_as_the_torch_model(obs_norm):
+    torch.manual_seed(0)
+    spec = EnvSpec((WIDE,), "uint8", "discrete", action_n=4)
+    model = ActorCritic(spec, hidden=(8,), obs_norm=obs_norm)
+    obs = np.random.default_rng(0).integers(0, 256, (9, WIDE), dtype=np.uint8)
+    if obs_norm:
+        model.obs_norm.update(torch.from_numpy(obs).double() * 0.5 + 3)
+    engine = NumpyActorCritic(model, seed=0)
+    greedy = np.full(9, int(InteractionMode.DETERMINISTIC), np.int8)
+    out = engine.act({"observation": obs}, greedy)
+    with torch.no_grad():
+        ref = model.act({"observation": torch.from_numpy(obs)}, torch.from_numpy(greedy))
+    assert out["action"].tolist() == ref["action"].tolist()
+    np.testing.assert_allclose(out["state_value"], ref["state_value"].numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(out["sample_log_prob"], ref["sample_log_prob"].numpy(), rtol=1e-4, atol=1e-3)
+
+    net = QNetwork(spec, hidden=(8,))
+    net.epsilon.fill_(0.0)
+    q_engine = NumpyQNetwork(net, seed=0)
+    with torch.no_grad():
+        assert q_engine.act({"observation": obs}, greedy)["action"].tolist() == net(torch.from_numpy(obs).float()).argmax(-1).tolist()
+
+
+def test_the_blocked_product_equals_the_product_of_the_converted_rows():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (5, WIDE), dtype=np.uint8)
+    weight = rng.normal(size=(WIDE, 6)).astype(np.float32)
+    mean, inv_std = rng.normal(size=WIDE).astype(np.float32), rng.uniform(0.5, 2, WIDE).astype(np.float32)
+    np.testing.assert_allclose(first_product(x, weight), x.astype(np.float32) @ weight, rtol=1e-4, atol=1e-2)
+    normalised = np.clip((x.astype(np.float32) - mean) * inv_std, -5.0, 5.0)
+    np.testing.assert_allclose(first_product(x, weight, (mean, inv_std, 5.0)), normalised @ weight, rtol=1e-4, atol=1e-3)
+    narrow = x[:, :100]
+    np.testing.assert_array_equal(first_product(narrow, weight[:100]), narrow.astype(np.float32) @ weight[:100])
 
 
 def test_numpy_engine_samples_with_the_policy_probabilities():

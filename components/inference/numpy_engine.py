@@ -38,6 +38,49 @@ def _activate(x: np.ndarray, activation: str | None) -> np.ndarray:
     return x
 
 
+#: input columns converted to float at a time when a row is wide and not float32 (see :func:`first_product`)
+CONVERT_COLUMNS = 4096
+
+
+def first_product(x: np.ndarray, weight: np.ndarray,
+                  norm: tuple[np.ndarray, np.ndarray, float] | None = None) -> np.ndarray:
+    """``float32(x)`` (normalised by ``norm`` if given) ``@ weight``, converting wide rows a block of columns at a time.
+
+    Why blocks: a raw 210x160x3 uint8 screen is 100,800 columns. Converting
+    8 such rows at once writes 3.2 MB of floats that the product then reads
+    back from beyond the 4 MB L2 it shares with the 6.5 MB weight; a block of
+    4,096 columns (128 KB for 8 rows) is read back while it is still in the
+    cache. Measured on the 2-CPU machine, 8 rows of 100,800 columns times 16
+    outputs: 846-897 us at once, 637-667 us in blocks (16 rows: 1,216-1,273
+    against 1,101-1,201). The sums run in a different order, so results
+    differ from the one product by float rounding only.
+    """
+    n, width = x.shape
+    if norm is None and x.dtype == np.float32:
+        return x @ weight
+    if width <= CONVERT_COLUMNS:
+        xf = x.astype(np.float32, copy=False)
+        if norm is not None:
+            mean, inv_std, clip = norm
+            xf = np.clip((xf - mean) * inv_std, -clip, clip)
+        return xf @ weight
+    out = np.zeros((n, weight.shape[1]), np.float32)
+    part = np.empty_like(out)
+    block = np.empty((n, CONVERT_COLUMNS), np.float32)
+    for start in range(0, width, CONVERT_COLUMNS):
+        end = min(width, start + CONVERT_COLUMNS)
+        b = block[:, : end - start]
+        np.copyto(b, x[:, start:end], casting="unsafe")
+        if norm is not None:
+            mean, inv_std, clip = norm
+            b -= mean[start:end]
+            b *= inv_std[start:end]
+            np.clip(b, -clip, clip, out=b)
+        np.matmul(b, weight[start:end], out=part)
+        out += part
+    return out
+
+
 def apply_layers(x: np.ndarray, layers: Layers) -> np.ndarray:
     for weight, bias, activation in layers:
         x = x @ weight
@@ -126,12 +169,8 @@ class NumpyActorCriticEngine(_RecipeEngine):
         n = obs.shape[0]
         if self._rows.shape[0] < n:
             self._rows = np.arange(max(n, 256))
-        x = obs.reshape(n, -1).astype(np.float32, copy=False)
-        if self._norm is not None:
-            mean, inv_std, clip = self._norm
-            x = np.clip((x - mean) * inv_std, -clip, clip)
         weight, bias = self._first
-        h = x @ weight
+        h = first_product(obs.reshape(n, -1), weight, self._norm)
         h += bias
         ha = _activate(h[:, : self._split], self._first_act[0])
         hc = _activate(h[:, self._split :], self._first_act[1])
@@ -181,7 +220,10 @@ class NumpyQNetworkEngine(_RecipeEngine):
     def act(self, inputs: dict[str, Any], modes: Any = None) -> dict[str, np.ndarray]:
         obs = _as_numpy(inputs["observation"])
         n = obs.shape[0]
-        q = apply_layers(obs.reshape(n, -1).astype(np.float32, copy=False), self._layers)
+        (weight, bias, activation), rest = self._layers[0], self._layers[1:]
+        h = first_product(obs.reshape(n, -1), weight)
+        h += bias
+        q = apply_layers(_activate(h, activation), rest)
         action = q.argmax(1)
         if self._epsilon > 0:
             noise = inputs.get(NOISE_KEY)
