@@ -16,6 +16,7 @@ class ScriptedPool:
     """A chunk pool whose chunks arrive as scripted: some ready at once, the rest only after a blocking wait."""
 
     fields = [SimpleNamespace(name="x", shape=(), dtype="float32")]
+    stream, dense_successor = None, True
 
     def __init__(self, ready_now: list[int], after_wait: list[int]) -> None:
         self.now, self.later, self.log = deque(ready_now), deque(after_wait), []

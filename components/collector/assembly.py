@@ -20,6 +20,7 @@ import torch
 
 from components.collector.batch_memory import BatchMemory
 from components.collector.chunks import ChunkPool
+from components.successors import CutSuccessors, cut_table
 
 
 def nest(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -61,9 +62,15 @@ class BatchAssembler:
         self._ready_chunk = ready_chunk if ready_chunk is not None else lambda: pool.next_ready(0.0)
         self._carry: tuple[int, int] | None = None  # (chunk, first frame not yet delivered)
         self.memory = BatchMemory()
+        #: without dense successors: the stream's successor field left out of every batch
+        self._cut = None if pool.dense_successor else f"next.{pool.stream}"
         #: per field: its name, one transition's shape, its torch dtype (looked up once, not per batch)
-        self._fields = [(f.name, tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields]
+        self._fields = [(f.name, tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields if f.name != self._cut]
         self._frame_bytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self._fields)
+        #: ``(env_index, env_step, successor)`` per chunk piece of the batch being assembled (no dense successors)
+        self._cut_pieces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        #: the :class:`CutSuccessors` of the last batch (None with dense successors)
+        self.cut_successors: CutSuccessors | None = None
 
     def next_batch(self, n: int) -> dict[str, torch.Tensor]:
         """Flat field tensors of the next ``n`` transitions, in arrival order per chunk."""
@@ -89,6 +96,10 @@ class BatchAssembler:
             if take < available:
                 self._carry = (gid, start + take)
         self._copy(pending, out, pos)
+        if self._cut is not None:
+            stream = next(f for f in pool.fields if f.name == pool.stream)
+            self.cut_successors = cut_table(self._cut_pieces, tuple(stream.shape), getattr(torch, stream.dtype))
+            self._cut_pieces = []
         return out
 
     def _copy(self, segments: list[tuple[int, int, int]], out: dict[str, torch.Tensor], pos: int) -> int:
@@ -100,17 +111,30 @@ class BatchAssembler:
             while j < len(segments) and self._whole(segments[j]):
                 j += 1
             if j - i >= 2:
+                first = pos
                 pos += pool.gather_into([s[0] for s in segments[i:j]], out, pos)
+                if self._cut is not None:
+                    for gid, start, take in segments[i:j]:
+                        self._record_cut(gid, start, take, out, first)
+                        first += take
                 i = j
                 continue
             gid, start, take = segments[i]
             pool.copy_into(gid, start, take, out, pos)
+            if self._cut is not None:
+                self._record_cut(gid, start, take, out, pos)
             pos += take
             i += 1
         for gid, _, _ in segments:
             if self._carry is None or self._carry[0] != gid:
                 pool.release(gid)
         return pos
+
+    def _record_cut(self, gid: int, start: int, take: int, out: dict[str, torch.Tensor], pos: int) -> None:
+        """Keep the successors of a piece's frames whose next frame may be outside it (before its chunk is freed)."""
+        offsets, successors = self._pool.cut_successors(gid, start, take)
+        rows = pos + offsets
+        self._cut_pieces.append((out["env_index"][rows], out["env_step"][rows], successors))
 
     def _whole(self, segment: tuple[int, int, int]) -> bool:
         gid, start, take = segment

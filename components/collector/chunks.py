@@ -65,6 +65,7 @@ class ChunkPool:
         chunks_per_worker: int,
         ctx: Any,
         stream: str | None = None,
+        dense_successor: bool = True,
     ) -> None:
         if chunk_len < 1 or chunks_per_worker < 1:
             raise ValueError("chunk_len and chunks_per_worker must be >= 1")
@@ -73,6 +74,9 @@ class ChunkPool:
             raise ValueError(f"a stream of {stream!r} needs the fields {stream!r}, 'next.{stream}' and 'next.done'")
         #: the field stored as a stream of ``chunk_len + 1`` steps (its successor derived on read), or None
         self.stream = stream
+        #: False: :meth:`copy_into` and :meth:`gather_into` leave the stream's successor out (a trainer that reads
+        #: it only where trajectories are cut gets those from :meth:`cut_successors`)
+        self.dense_successor = stream is None or dense_successor
         self.fields = list(fields)
         self.rows = list(rows)
         self.num_workers = len(self.rows)
@@ -158,8 +162,32 @@ class ChunkPool:
         for key, view in views.items():
             if key != successor:
                 out[key][pos : pos + take] = view[: self.chunk_len].reshape(-1, *view.shape[2:])[start : start + take]
-        if successor is not None:
+        if successor is not None and self.dense_successor:
             self._derive(gid, start, take, out[successor], pos)
+
+    def cut_successors(self, gid: int, start: int, take: int) -> tuple[Any, Any]:
+        """Frames ``start:start + take`` of chunk ``gid`` whose next transition may lie outside them, and their successors.
+
+        Those are each env's last frame among them and every frame whose
+        episode ended (its successor is the final observation, not the
+        stream's next row); every other frame's successor is the observation
+        of its env's next frame, in the same span. Returns the frames'
+        offsets in the span (ascending) and a new tensor of their successors.
+        """
+        import torch
+
+        views = self._views(gid)
+        rows = self.rows[self.worker_of(gid)]
+        done = views["next.done"].reshape(-1)[start : start + take]
+        last = torch.arange(max(0, take - rows), take)  # in (step, env) order the last row of each env
+        offsets = torch.unique(torch.cat([last, done.nonzero().squeeze(1)]))
+        frame = start + offsets
+        step, env = frame.div(rows, rounding_mode="floor"), frame.remainder(rows)
+        successors = views[self.stream][step + 1, env]
+        ended = done[offsets].nonzero().squeeze(1)
+        if ended.numel():
+            successors[ended] = views[f"next.{self.stream}"][step[ended], env[ended]]
+        return offsets, successors
 
     def _derive(self, gid: int, start: int, take: int, target: Any, pos: int) -> None:
         """A stream's successor of frames ``start:start + take`` into ``target[pos:]``: shifted, finals patched."""
@@ -188,7 +216,7 @@ class ChunkPool:
         for name, bank, shape in self._gather_sources():
             torch.index_select(bank, 0, index, out=out[name][start:end].view(len(gids), *shape))
         successor = None if self.stream is None else f"next.{self.stream}"
-        if successor is not None:
+        if successor is not None and self.dense_successor:
             # every chunk's episode ends at once, from the done flags just gathered: one index op, not one per chunk
             ended = out["next.done"][start:end].nonzero().squeeze(1)
             if ended.numel():
@@ -210,6 +238,8 @@ class ChunkPool:
             successor = None if self.stream is None else f"next.{self.stream}"
             sources = []
             for f in self.fields:
+                if f.name == successor and not self.dense_successor:
+                    continue
                 bank = self._bank(f.name)
                 if f.name == successor:
                     bank = self._bank(self.stream)[:, 1:]

@@ -30,8 +30,9 @@ from components.collector.pools import ProcessWorkers, ThreadWorkers, WorkerAssi
 from components.collector.repair import GraphRepair
 from components.collector.restarts import WorkerRestarts
 from components.collector.worker import transition_fields
-from components.collector.worker_control import PAUSED, RUNNING, WorkerControl
+from components.collector.worker_control import RUNNING, WorkerControl
 from components.collector.stream import BatchStream
+from components.successors import CUT_SUCCESSORS_KEY
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.inline import InlineServer
 from components.inference.loop import ServerConfig
@@ -77,7 +78,12 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     makes no progress while requests wait (a server process is killed, then
     restarted within ``server_restarts``); ``lockstep`` collects each batch only
     when asked for, every env its share, served by the weights published
-    before (:mod:`components.collector.lockstep`: reproducible runs).
+    before (:mod:`components.collector.lockstep`: reproducible runs);
+    ``dense_successors=False`` leaves ``("next", "observation")`` out of the
+    batches and gives the successors of cut trajectories only
+    (:mod:`components.successors`, for a trainer like PPO that
+    reads no other; kept dense when replay, a post-processor, a hook or
+    trajectory grouping reads the batches).
 
     Example::
 
@@ -120,6 +126,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         post_collect_hook: Callable[[Any], None] | None = None,
         driver_affinity: Sequence[int] | None = None,
         lockstep: bool = False,
+        dense_successors: bool = True,
     ) -> None:
         super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, initial_frames=initial_frames,
                          replay_buffer=replay_buffer, postproc=postproc, on_batch=on_batch,
@@ -146,6 +153,9 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self.start_timeout = 120.0
         self._seed = seed
         self.skip_non_finite = bool(skip_non_finite)
+        # What reads every row of a batch (replay, its post-processor, a hook, trajectory grouping) gets them all.
+        self.dense_successors = bool(dense_successors or replay_buffer is not None or postproc is not None
+                                     or post_collect_hook is not None or yield_completed_trajectories)
         self._initial_version = int(policy_version)
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._mp = mp.get_context("spawn")
@@ -171,6 +181,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
             rows=rows, chunk_len=g.chunk_len, chunks_per_worker=g.chunks_per_worker_for(self.frames_per_batch),
             # one copy per frame (see ChunkPool); concurrent envs fill rows in the order they return, not by step
             ctx=worker_ctx, stream=None if g.concurrent_envs else "observation",
+            dense_successor=self.dense_successors,
         )
         self._assembler = BatchAssembler(self._pool, self._next_chunk)
         self._control = WorkerControl(len(rows))
@@ -322,6 +333,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         if self.reset_at_each_iter:
             self._control.reset_epoch[0] += 1
         batch = TensorDict(nest(flat), batch_size=[n])
+        if self._assembler.cut_successors is not None:
+            batch.set_non_tensor(CUT_SUCCESSORS_KEY, self._assembler.cut_successors)
         return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)
 
     # ---------------------------------------------------------------- control
@@ -383,16 +396,5 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         if not self._started or self._closed:
             yield
             return
-        control = self._control
-        control.pause[0] = 1
-        locked = False
-        try:
-            if not self._writer.lock.acquire(timeout=timeout):
-                raise TimeoutError(f"the replay writer did not pause within {timeout} s")
-            locked = True
-            self._monitor.wait_for(PAUSED, timeout)
+        with self._monitor.paused(self._writer.lock, timeout):
             yield
-        finally:
-            if locked:
-                self._writer.lock.release()
-            control.pause[0] = 0

@@ -33,16 +33,20 @@ process, or a stuck env among healthy ones.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from components.collector.failures import CollectorError, Failure
-from components.collector.worker_control import ACTIVITIES, EXITED, FAILED, RUNNING, STEPPING, TIMING, WorkerControl
+from components.collector.worker_control import (
+    ACTIVITIES, EXITED, FAILED, PAUSED, RUNNING, STEPPING, TIMING, WorkerControl,
+)
 
 #: A worker whose env steps/s over an interval is below this fraction of the median of the others' is slow.
 SLOW_RATIO = 0.25
@@ -257,6 +261,23 @@ class GraphMonitor:
                 error = CollectorError if state == RUNNING else TimeoutError
                 raise error(f"env workers did not {what} within {timeout:.0f} s")
             time.sleep(0.002)
+
+    @contextlib.contextmanager
+    def paused(self, writer_lock: Any, timeout: float) -> Iterator[None]:
+        """Workers parked at a step boundary and the replay writer (holding ``writer_lock``) idle, for the block."""
+        control = self.control
+        control.pause[0] = 1
+        locked = False
+        try:
+            if not writer_lock.acquire(timeout=timeout):
+                raise TimeoutError(f"the replay writer did not pause within {timeout} s")
+            locked = True
+            self.wait_for(PAUSED, timeout)
+            yield
+        finally:
+            if locked:
+                writer_lock.release()
+            control.pause[0] = 0
 
     def check_stall(self, waiting_since: float) -> None:
         """Raise if the consumer has waited ``stall_timeout`` s for a chunk (pauses excepted)."""

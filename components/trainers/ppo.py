@@ -30,6 +30,7 @@ from torch import nn
 
 from components.normalization import RewardScaler
 from components.recurrent_state import state_leaves
+from components.successors import successor_observations
 from components.trainers.base import check_finite, config_from
 from components.trainers.budget import RunBudget
 from components.trainers.sequences import split_sequences
@@ -126,6 +127,8 @@ class PPOTrainer:
     """
 
     on_policy: ClassVar[bool] = True
+    #: successors are read only where a trajectory is cut (:func:`successor_observations`)
+    dense_successors: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, config: PPOConfig | None = None, *, device: str = "cpu",
                  policy_version: int = 0, **hyper: Any) -> None:
@@ -178,7 +181,7 @@ class PPOTrainer:
         if cut.any():
             with torch.no_grad():
                 idx = torch.from_numpy(np.flatnonzero(cut))
-                obs = batch["next", "observation"][idx].to(self.device)
+                obs = successor_observations(batch, idx).to(self.device)
                 leaves = state_leaves(self.model)
                 if leaves:  # a recurrent model bootstraps from the state after the cut step (the response's)
                     state = {k: batch["next", k][idx].to(self.device) for k in leaves}

@@ -127,11 +127,13 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
     return min(timings)
 
 
-def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int) -> Any:
+def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int, dense_successors: bool = True) -> Any:
     """A collector's batch of ``frames`` zero transitions from ``num_envs`` envs in step order.
 
     Every env's last step in the batch is cut (no successor in it), as in
-    a real batch, so PPO bootstraps those rows as it would.
+    a real batch, so PPO bootstraps those rows as it would. Without
+    ``dense_successors`` only those rows' successors are carried, as the
+    collector gives such a trainer (:mod:`components.successors`).
     """
     import torch
     from tensordict import TensorDict
@@ -162,7 +164,16 @@ def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int) -> An
     for key, shape in state_leaves(model).items():  # a recurrent model's state, as recorded and returned
         fields[key] = torch.zeros(frames, *shape)
         fields[("next", key)] = torch.zeros(frames, *shape)
-    return TensorDict(fields, batch_size=[frames])
+    if dense_successors:
+        return TensorDict(fields, batch_size=[frames])
+    from components.successors import CUT_SUCCESSORS_KEY, CutSuccessors
+
+    successors = fields.pop(("next", "observation"))
+    last = torch.arange(max(0, frames - envs), frames)  # in step order, each env's last row
+    batch = TensorDict(fields, batch_size=[frames])
+    batch.set_non_tensor(CUT_SUCCESSORS_KEY, CutSuccessors(batch["env_index"][last], batch["env_step"][last],
+                                                           successors[last]))
+    return batch
 
 
 def _behaviour_log_prob(model: Any, obs: Any, actions: Any) -> Any:
@@ -200,7 +211,7 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
     or even one minibatch would not fit (a Nature CNN on the CPU), or the
     trainer failed on the zero batch (the stand-in's figure stays).
     """
-    from pipeline.plan.trainer_spec import build_trainer
+    from pipeline.plan.trainer_spec import build_trainer, dense_successors
 
     frames = max(1, int(cfg.trainer.frames_per_batch))
     minibatches = max(1, int(cfg.trainer.get("minibatches", 1)))
@@ -216,7 +227,7 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
         trainer = build_trainer(cfg, copy.deepcopy(model).cpu(), env_spec, "cpu", 0, **shrunk)
         if not getattr(trainer, "on_policy", False):
             return None
-        batch = synthetic_batch(env_spec, trainer.model, frames, envs)
+        batch = synthetic_batch(env_spec, trainer.model, frames, envs, dense_successors(cfg))
 
         def update() -> None:
             # collected by the current weights: a batch stamped older is dropped as stale after a few updates

@@ -14,6 +14,19 @@ def trainer_class(cfg: Any) -> Any:
     return import_target("trainer._target_", str(cfg.trainer._target_))
 
 
+def dense_successors(cfg: Any) -> bool:
+    """Whether the run's batches carry every transition's successor observation (:mod:`components.successors`).
+
+    Not when the trainer reads them only where trajectories are cut (PPO)
+    and nothing else reads every row: no replay, no ``post_collect_hook``,
+    no trajectory grouping.
+    """
+    if bool(getattr(trainer_class(cfg), "dense_successors", True)):
+        return True
+    c = cfg.collector
+    return str(cfg.replay.kind) != "none" or bool(c.post_collect_hook) or bool(c.yield_completed_trajectories)
+
+
 def build_trainer(cfg: Any, model: Any, env_spec: Any, device: str, policy_version: int, **overrides: Any) -> Any:
     """The trainer ``cfg.trainer._target_`` names, with its other keys (and ``overrides``) as hyper-parameters.
 

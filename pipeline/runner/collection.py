@@ -47,8 +47,10 @@ def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any
 
         return RayCollector(env_factory, model_spec, hosts, cluster, **common, on_start=on_start)
     from components.collector.collector import AsyncBatchedCollector
+    from pipeline.plan.trainer_spec import dense_successors
 
     return AsyncBatchedCollector(env_factory, model_spec, plan.graph, **common,
                                  server_restarts=int(cfg.server.max_restarts),
                                  server_step_timeout=cfg.server.step_timeout,
-                                 reset_at_each_iter=bool(c.reset_at_each_iter), lockstep=plan.deterministic)
+                                 reset_at_each_iter=bool(c.reset_at_each_iter), lockstep=plan.deterministic,
+                                 dense_successors=dense_successors(cfg))
