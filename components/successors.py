@@ -17,7 +17,8 @@ right when a trainer drops or reorders rows (stale rows, a sort by env).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,19 +29,29 @@ CUT_SUCCESSORS_KEY = "cut_successors"
 _ENV_SPAN = 1 << 40
 
 
-@dataclass(frozen=True)
 class CutSuccessors:
     """Successor observations of the transitions ``(env_index[i], env_step[i])``.
 
+    ``observation``: one tensor of rows in table order, or the pieces that
+    concatenate to it (the collector's, one per chunk piece: a lookup
+    gathers the rows it needs from them instead of one concatenation of all).
+
     Examples:
-        >>> t = CutSuccessors(torch.tensor([1, 0]), torch.tensor([7, 3]), torch.tensor([[10.0], [20.0]]))
-        >>> t.lookup(torch.tensor([0, 1]), torch.tensor([3, 7])).squeeze(1).tolist()
-        [20.0, 10.0]
+        >>> t = CutSuccessors(torch.tensor([1, 0, 2]), torch.tensor([7, 3, 1]),
+        ...                   [torch.tensor([[10.0], [20.0]]), torch.tensor([[30.0]])])
+        >>> t.lookup(torch.tensor([2, 0, 1]), torch.tensor([1, 3, 7])).squeeze(1).tolist()
+        [30.0, 20.0, 10.0]
     """
 
-    env_index: torch.Tensor
-    env_step: torch.Tensor
-    observation: torch.Tensor
+    def __init__(self, env_index: torch.Tensor, env_step: torch.Tensor,
+                 observation: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        self.env_index, self.env_step = env_index, env_step
+        self.pieces = (observation,) if isinstance(observation, torch.Tensor) else tuple(observation)
+        sizes = [int(p.shape[0]) for p in self.pieces]
+        if sum(sizes) != int(env_index.shape[0]) or env_step.shape != env_index.shape:
+            raise ValueError(f"{int(env_index.shape[0])} keys for {sum(sizes)} successor rows")
+        #: table row of each piece's first row
+        self._starts = torch.tensor([0, *itertools.accumulate(sizes)][:-1], dtype=torch.long)
 
     def __len__(self) -> int:
         return int(self.env_index.shape[0])
@@ -57,7 +68,14 @@ class CutSuccessors:
             raise KeyError(f"no successor observation recorded for env {int(env_index[miss])} step "
                            f"{int(env_step[miss])} (recorded: those of episode ends and of each env's last "
                            "transition in the batch; read the others from the next transition's observation)")
-        return self.observation[order[at]]
+        rows = order[at]
+        first = self.pieces[0]
+        out = first.new_empty((int(rows.shape[0]), *first.shape[1:]))
+        piece = torch.searchsorted(self._starts, rows, right=True) - 1
+        for p in piece.unique().tolist():
+            mine = (piece == p).nonzero().squeeze(1)
+            out[mine] = self.pieces[p][rows[mine] - self._starts[p]]
+        return out
 
 
 def successor_observations(batch: Any, rows: torch.Tensor) -> torch.Tensor:
@@ -81,4 +99,4 @@ def cut_table(pieces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], sha
         return CutSuccessors(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
                              torch.zeros((0, *shape), dtype=dtype))
     env, step, obs = zip(*pieces)
-    return CutSuccessors(torch.cat(env), torch.cat(step), torch.cat(obs))
+    return CutSuccessors(torch.cat(env), torch.cat(step), obs)

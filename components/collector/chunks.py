@@ -172,21 +172,33 @@ class ChunkPool:
         episode ended (its successor is the final observation, not the
         stream's next row); every other frame's successor is the observation
         of its env's next frame, in the same span. Returns the frames'
-        offsets in the span (ascending) and a new tensor of their successors.
+        offsets in the span and a new tensor of their successors.
         """
         import torch
 
         views = self._views(gid)
         rows = self.rows[self.worker_of(gid)]
+        stream, finals = views[self.stream], views[f"next.{self.stream}"]
         done = views["next.done"].reshape(-1)[start : start + take]
-        last = torch.arange(max(0, take - rows), take)  # in (step, env) order the last row of each env
-        offsets = torch.unique(torch.cat([last, done.nonzero().squeeze(1)]))
-        frame = start + offsets
-        step, env = frame.div(rows, rounding_mode="floor"), frame.remainder(rows)
-        successors = views[self.stream][step + 1, env]
-        ended = done[offsets].nonzero().squeeze(1)
-        if ended.numel():
-            successors[ended] = views[f"next.{self.stream}"][step[ended], env[ended]]
+        end = start + take
+        first = max(start, end - rows)  # in (step, env) order, each env's last frame of the span from here
+        # Their successors are the stream's frames one step on: at most two runs of a step's rows, sliced.
+        parts, frame = [], first + rows
+        while frame < end + rows:
+            step, env = divmod(frame, rows)
+            count = min(end + rows - frame, rows - env)
+            parts.append(stream[step, env : env + count])
+            frame += count
+        successors = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        offsets = torch.arange(first - start, take)
+        ended = done.nonzero().squeeze(1)
+        if ended.numel():  # an episode's successor is its final observation, kept apart from the stream
+            at = start + ended
+            final = finals[at.div(rows, rounding_mode="floor"), at.remainder(rows)]
+            last = ended >= first - start
+            successors[ended[last] - (first - start)] = final[last]
+            offsets = torch.cat([offsets, ended[~last]])
+            successors = torch.cat([successors, final[~last]])
         return offsets, successors
 
     def _derive(self, gid: int, start: int, take: int, target: Any, pos: int) -> None:
