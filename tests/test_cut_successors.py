@@ -131,13 +131,34 @@ def test_ppo_computes_the_same_advantages_and_update_from_cut_successors_as_from
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize(("overrides", "dense"), [
-    ((), False),  # PPO: successors of cut trajectories only
-    (("trainer=dqn", "replay=uniform"), True),
-    (("collector.post_collect_hook=tests.fakes.sigterm_inside_a_c_call",), True),
-    (("collector.yield_completed_trajectories=true",), True),
+FRAMES = EnvSpec((210, 160, 3), "uint8", "discrete", action_n=6)
+
+
+@pytest.mark.parametrize(("overrides", "spec", "dense"), [
+    ((), FRAMES, False),  # PPO: successors of cut trajectories only
+    ((), EnvSpec((4,), "float32", "discrete", action_n=2), True),  # too small to be worth the bookkeeping
+    (("trainer=dqn", "replay=uniform"), FRAMES, True),
+    (("collector.post_collect_hook=tests.fakes.sigterm_inside_a_c_call",), FRAMES, True),
+    (("collector.yield_completed_trajectories=true",), FRAMES, True),
 ])
-def test_the_run_keeps_dense_successors_wherever_something_reads_every_row(overrides, dense):
+def test_the_run_keeps_dense_successors_wherever_something_reads_every_row(overrides, spec, dense):
     from pipeline.plan.trainer_spec import dense_successors
 
-    assert dense_successors(compose(*overrides)) is dense
+    assert dense_successors(compose(*overrides), spec) is dense
+
+
+def test_ppo_learns_through_python_m_pipeline_on_frames_whose_successors_are_cut(tmp_path):
+    import json
+
+    from tests.conftest import run_pipeline
+
+    # 24x24x3 uint8 frames (1,728 bytes: cut successors), episodes truncated every 40 steps, reward for action 0
+    proc = run_pipeline(["env=gym", "env.id=Frames", "~env.factory.id", "~env.factory.kwargs",
+                         "env.factory._target_=pipeline.bench.frames_env.FramesEnvFactory", "+env.factory.height=24",
+                         "+env.factory.width=24", "+env.factory.episode_steps=40", "model.hidden=[8]",
+                         "trainer.total_frames=8192", "trainer.target_return=null", "logger=jsonl",
+                         f"hydra.run.dir={tmp_path}"], tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
+    assert summary["frames"] == 8192
+    assert summary["episode/return_mean"] > 20, summary  # a uniform policy scores 40 / 6

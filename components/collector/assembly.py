@@ -111,18 +111,16 @@ class BatchAssembler:
             while j < len(segments) and self._whole(segments[j]):
                 j += 1
             if j - i >= 2:
-                first = pos
                 pos += pool.gather_into([s[0] for s in segments[i:j]], out, pos)
                 if self._cut is not None:
                     for gid, start, take in segments[i:j]:
-                        self._record_cut(gid, start, take, out, first)
-                        first += take
+                        self._record_cut(gid, start, take)
                 i = j
                 continue
             gid, start, take = segments[i]
             pool.copy_into(gid, start, take, out, pos)
             if self._cut is not None:
-                self._record_cut(gid, start, take, out, pos)
+                self._record_cut(gid, start, take)
             pos += take
             i += 1
         for gid, _, _ in segments:
@@ -130,11 +128,9 @@ class BatchAssembler:
                 pool.release(gid)
         return pos
 
-    def _record_cut(self, gid: int, start: int, take: int, out: dict[str, torch.Tensor], pos: int) -> None:
+    def _record_cut(self, gid: int, start: int, take: int) -> None:
         """Keep the successors of a piece's frames whose next frame may be outside it (before its chunk is freed)."""
-        offsets, successors = self._pool.cut_successors(gid, start, take)
-        rows = pos + offsets
-        self._cut_pieces.append((out["env_index"][rows], out["env_step"][rows], successors))
+        self._cut_pieces.append(self._pool.cut_successors(gid, start, take))
 
     def _whole(self, segment: tuple[int, int, int]) -> bool:
         gid, start, take = segment

@@ -96,6 +96,7 @@ class ChunkPool:
         self._free = [ctx.Semaphore(chunks_per_worker) for _ in range(self.num_workers)]
         self._read = 0
         self._flat: dict[int, dict[str, Any]] = {}
+        self._np_flat: dict[int, dict[str, np.ndarray]] = {}
         self._banks: dict[str, Any] = {}
         self._sources: list[tuple[str, Any, tuple[int, ...]]] | None = None
 
@@ -165,41 +166,48 @@ class ChunkPool:
         if successor is not None and self.dense_successor:
             self._derive(gid, start, take, out[successor], pos)
 
-    def cut_successors(self, gid: int, start: int, take: int) -> tuple[Any, Any]:
-        """Frames ``start:start + take`` of chunk ``gid`` whose next transition may lie outside them, and their successors.
+    def cut_successors(self, gid: int, start: int, take: int) -> tuple[Any, Any, Any]:
+        """``(env_index, env_step, successor)`` of frames ``start:start + take`` of chunk ``gid`` whose next may be elsewhere.
 
         Those are each env's last frame among them and every frame whose
         episode ended (its successor is the final observation, not the
         stream's next row); every other frame's successor is the observation
-        of its env's next frame, in the same span. Returns the frames'
-        offsets in the span and a new tensor of their successors.
+        of its env's next frame, in the same span. New tensors, read with
+        numpy (a torch index costs microseconds, and this runs per chunk).
         """
         import torch
 
-        views = self._views(gid)
+        views = self._numpy_views(gid)
         rows = self.rows[self.worker_of(gid)]
-        stream, finals = views[self.stream], views[f"next.{self.stream}"]
-        done = views["next.done"].reshape(-1)[start : start + take]
+        stream = views[self.stream]
         end = start + take
         first = max(start, end - rows)  # in (step, env) order, each env's last frame of the span from here
         # Their successors are the stream's frames one step on: at most two runs of a step's rows, sliced.
-        parts, frame = [], first + rows
-        while frame < end + rows:
-            step, env = divmod(frame, rows)
-            count = min(end + rows - frame, rows - env)
-            parts.append(stream[step, env : env + count])
-            frame += count
-        successors = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-        offsets = torch.arange(first - start, take)
-        ended = done.nonzero().squeeze(1)
-        if ended.numel():  # an episode's successor is its final observation, kept apart from the stream
-            at = start + ended
-            final = finals[at.div(rows, rounding_mode="floor"), at.remainder(rows)]
-            last = ended >= first - start
-            successors[ended[last] - (first - start)] = final[last]
-            offsets = torch.cat([offsets, ended[~last]])
-            successors = torch.cat([successors, final[~last]])
-        return offsets, successors
+        step, env = divmod(first + rows, rows)
+        if end - first <= rows - env:
+            successors = stream[step, env : env + end - first].copy()
+        else:
+            successors = np.concatenate([stream[step, env:], stream[step + 1, : end - first - (rows - env)]])
+        frames = np.arange(first, end)
+        done = views["next.done"].reshape(-1)[start:end]
+        if done.any():  # an episode's successor is its final observation, kept apart from the stream
+            ended = start + np.flatnonzero(done)
+            final = views[f"next.{self.stream}"][ended // rows, ended % rows]
+            last = ended >= first
+            successors[ended[last] - first] = final[last]
+            frames = np.concatenate([frames, ended[~last]])
+            successors = np.concatenate([successors, final[~last]])
+        steps, envs = frames // rows, frames % rows
+        return (torch.from_numpy(views["env_index"][steps, envs]), torch.from_numpy(views["env_step"][steps, envs]),
+                torch.from_numpy(successors))
+
+    def _numpy_views(self, gid: int) -> dict[str, np.ndarray]:
+        """Numpy views of chunk ``gid``'s fields as stored, ``[steps, rows, ...]``."""
+        views = self._np_flat.get(gid)
+        if views is None:
+            rows = self.rows[self.worker_of(gid)]
+            views = self._np_flat[gid] = {f.name: self._arena.array(f.name)[gid, :, :rows] for f in self.fields}
+        return views
 
     def _derive(self, gid: int, start: int, take: int, target: Any, pos: int) -> None:
         """A stream's successor of frames ``start:start + take`` into ``target[pos:]``: shifted, finals patched."""

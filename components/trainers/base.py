@@ -60,6 +60,13 @@ class Trainer(Protocol):
 
     where ``data`` is the collected batch when :attr:`on_policy` is true and
     the replay buffer otherwise.
+
+    Optional: a class attribute ``dense_successors = False`` says the trainer
+    reads ``("next", "observation")`` only where a trajectory is cut (an
+    episode's end, an env's last transition in the batch), through
+    :func:`components.successors.successor_observations`; its batches then
+    carry those successors alone, not a second copy of every frame (PPO). A
+    trainer without it gets the dense field.
     """
 
     #: True: learns from each collected batch once (PPO); False: from a replay buffer (DQN).

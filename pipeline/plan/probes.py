@@ -294,7 +294,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     model = model_spec_for(cfg).build(env_spec)
     costs = measure(factory, serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0),
                     env_spec, cpus)
-    if not dense_successors(cfg):  # the driver copies no successors but those of cut trajectories
+    if not dense_successors(cfg, env_spec):  # the driver copies no successors but those of cut trajectories
         costs = replace(costs, frame_bytes=costs.frame_bytes - costs.obs_bytes)
     rows, steps_per_frame = trainer_load(cfg.trainer)
     if not count_trainer or trainer_device != "cpu" or steps_per_frame == 0:

@@ -227,7 +227,7 @@ def time_on_policy_update(cfg: Any, model: Any, env_spec: Any, estimate_s: float
         trainer = build_trainer(cfg, copy.deepcopy(model).cpu(), env_spec, "cpu", 0, **shrunk)
         if not getattr(trainer, "on_policy", False):
             return None
-        batch = synthetic_batch(env_spec, trainer.model, frames, envs, dense_successors(cfg))
+        batch = synthetic_batch(env_spec, trainer.model, frames, envs, dense_successors(cfg, env_spec))
 
         def update() -> None:
             # collected by the current weights: a batch stamped older is dropped as stale after a few updates

@@ -53,4 +53,4 @@ def build_collector(cfg: DictConfig, plan: Plan, env_factory: Any, env_spec: Any
                                  server_restarts=int(cfg.server.max_restarts),
                                  server_step_timeout=cfg.server.step_timeout,
                                  reset_at_each_iter=bool(c.reset_at_each_iter), lockstep=plan.deterministic,
-                                 dense_successors=dense_successors(cfg))
+                                 dense_successors=dense_successors(cfg, env_spec))
