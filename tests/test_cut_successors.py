@@ -27,9 +27,10 @@ from tests.test_observation_stream import GRAPHS, SMALL_MLP, _where
 STREAMED = [name for name in GRAPHS if not GRAPHS[name].concurrent_envs]
 
 
-def _collect_cut(graph: GraphSpec, frames_per_batch: int, total: int) -> list:
-    collector = AsyncBatchedCollector(CountingEnvFactory(), SMALL_MLP, graph, frames_per_batch=frames_per_batch,
-                                      total_frames=total, seed=11, dense_successors=False)
+def _collect_cut(graph: GraphSpec, frames_per_batch: int, total: int, nan_every: int = 0) -> list:
+    factory = CountingEnvFactory(nan_every=nan_every) if nan_every else CountingEnvFactory()
+    collector = AsyncBatchedCollector(factory, SMALL_MLP, graph, frames_per_batch=frames_per_batch,
+                                      total_frames=total, seed=11, dense_successors=False, skip_non_finite=bool(nan_every))
     try:
         return [b.clone() for b in collector]
     finally:
@@ -61,6 +62,22 @@ def test_every_cut_transition_has_its_exact_successor_and_no_dense_field_is_copi
             assert _where(successor) == (episode, t + 1, seed), f"row {row} of a {name} batch"
     if GRAPHS[name].chunk_len >= 4:  # a few rows per chunk piece, not every row
         assert recorded < 230 * 0.6
+
+
+@pytest.mark.parametrize("name", ["process-inline", "thread-thread"])
+def test_a_nan_step_cut_out_has_the_observation_acted_on_as_its_recorded_successor(name):
+    batches = _collect_cut(GRAPHS[name], frames_per_batch=20, total=200, nan_every=7)
+    skipped = 0
+    for batch in batches:
+        rows = _cut_rows(batch)
+        for row, successor in zip(rows.tolist(), successor_observations(batch, rows)):
+            episode, t, seed = _where(batch["observation"][row])
+            if float(batch["next", "reward"][row]) == 0.0:  # cut out: back to what was acted on
+                skipped += 1
+                assert _where(successor) == (episode, t, seed) and bool(batch["next", "truncated"][row])
+            else:
+                assert _where(successor) == (episode, t + 1, seed), f"row {row} of a {name} batch"
+    assert skipped >= 10
 
 
 def test_a_graph_without_a_stream_keeps_dense_successors():
