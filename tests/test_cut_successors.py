@@ -176,6 +176,7 @@ def test_ppo_learns_through_python_m_pipeline_on_frames_whose_successors_are_cut
                          "trainer.total_frames=8192", "trainer.target_return=null", "logger=jsonl",
                          f"hydra.run.dir={tmp_path}"], tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "successors only where a trajectory is cut" in proc.stdout + proc.stderr  # the plan says so
     summary = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["summary"]
     assert summary["frames"] == 8192
     assert summary["episode/return_mean"] > 20, summary  # a uniform policy scores 40 / 6

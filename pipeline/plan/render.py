@@ -172,7 +172,9 @@ def trainer(choice: Choice[str]) -> str:
     f = choice.facts
     target = f["target_return"]
     return (f"{choice.value}: {f['frames_per_batch']} frames per batch, stop at {f['total_frames']} frames"
-            + (f" or a mean return >= {target} over {f['target_window']} episodes" if target is not None else ""))
+            + (f" or a mean return >= {target} over {f['target_window']} episodes" if target is not None else "")
+            + ("; batches hold each observation once, successors only where a trajectory is cut"
+               if f.get("cut_successors") else ""))
 
 
 def collector(choice: Choice[None]) -> str:

@@ -22,6 +22,7 @@ from components.inference.loop import ServerConfig
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
 from pipeline.plan.eval_settings import eval_settings
+from pipeline.plan.trainer_spec import dense_successors
 from pipeline.plan.choice import Choice
 from pipeline.plan.validate import ConfigError
 
@@ -332,10 +333,14 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
         dedup = dedup_choice.value
         choices.append(("replay", Choice(str(cfg.replay.kind), str(cfg.replay.kind), {
             "capacity": cfg.replay.capacity, "storage": str(cfg.replay.storage), "dedup": dedup_choice})))
+    # what the collector does with dense_successors=False: cut successors need a chunk stream (not Ray, not concurrent envs)
+    cut = (env_spec is not None and workers != "ray" and not graph.concurrent_envs
+           and not dense_successors(cfg, env_spec))
     choices += [
         ("trainer", Choice(str(cfg.trainer.name), "trainer", {
             "frames_per_batch": frames_per_batch, "total_frames": cfg.trainer.total_frames,
-            "target_return": cfg.trainer.target_return, "target_window": cfg.trainer.target_window})),
+            "target_return": cfg.trainer.target_return, "target_window": cfg.trainer.target_window,
+            "cut_successors": cut})),
         ("collector", _collector(cfg)),
         *([("mode", Choice(True, "lockstep", {
             "turns": frames_per_batch // num_envs, "num_envs": num_envs,
