@@ -78,6 +78,16 @@ class CutSuccessors:
         return out
 
 
+def reads_every_row(*, replay: bool, postproc: bool, hook: bool, trajectories: bool) -> bool:
+    """Whether something besides the trainer reads every row's successor: then batches keep the dense field.
+
+    Replay stores each transition whole (and its n-step post-processor
+    shifts them), a ``post_collect_hook`` sees the batch as a user would,
+    trajectory grouping concatenates batches: each needs every successor.
+    """
+    return replay or postproc or hook or trajectories
+
+
 def successor_observations(batch: Any, rows: torch.Tensor) -> torch.Tensor:
     """``batch["next", "observation"][rows]``, from the dense field or the batch's :class:`CutSuccessors`.
 

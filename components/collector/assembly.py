@@ -64,6 +64,9 @@ class BatchAssembler:
         self.memory = BatchMemory()
         #: without dense successors: the stream's successor field left out of every batch
         self._cut = None if pool.dense_successor else f"next.{pool.stream}"
+        #: the shape and torch dtype of one streamed observation (an empty table's)
+        self._stream_row = next(((tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields
+                                 if f.name == pool.stream), None)
         #: per field: its name, one transition's shape, its torch dtype (looked up once, not per batch)
         self._fields = [(f.name, tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields if f.name != self._cut]
         self._frame_bytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self._fields)
@@ -97,8 +100,7 @@ class BatchAssembler:
                 self._carry = (gid, start + take)
         self._copy(pending, out, pos)
         if self._cut is not None:
-            stream = next(f for f in pool.fields if f.name == pool.stream)
-            self.cut_successors = cut_table(self._cut_pieces, tuple(stream.shape), getattr(torch, stream.dtype))
+            self.cut_successors = cut_table(self._cut_pieces, *self._stream_row)
             self._cut_pieces = []
         return out
 

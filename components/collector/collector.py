@@ -32,7 +32,7 @@ from components.collector.restarts import WorkerRestarts
 from components.collector.worker import transition_fields
 from components.collector.worker_control import RUNNING, WorkerControl
 from components.collector.stream import BatchStream
-from components.successors import CUT_SUCCESSORS_KEY
+from components.successors import CUT_SUCCESSORS_KEY, reads_every_row
 from components.envs import EnvSpec, env_seeds, probe_env_spec
 from components.inference.inline import InlineServer
 from components.inference.loop import ServerConfig
@@ -153,9 +153,9 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self.start_timeout = 120.0
         self._seed = seed
         self.skip_non_finite = bool(skip_non_finite)
-        # What reads every row of a batch (replay, its post-processor, a hook, trajectory grouping) gets them all.
-        self.dense_successors = bool(dense_successors or replay_buffer is not None or postproc is not None
-                                     or post_collect_hook is not None or yield_completed_trajectories)
+        self.dense_successors = dense_successors or reads_every_row(
+            replay=replay_buffer is not None, postproc=postproc is not None, hook=post_collect_hook is not None,
+            trajectories=bool(yield_completed_trajectories))
         self._initial_version = int(policy_version)
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._mp = mp.get_context("spawn")

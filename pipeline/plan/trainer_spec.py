@@ -32,8 +32,12 @@ def dense_successors(cfg: Any, env_spec: Any) -> bool:
     """
     if bool(getattr(trainer_class(cfg), "dense_successors", True)):
         return True
+    from components.successors import reads_every_row
+
     c = cfg.collector
-    if str(cfg.replay.kind) != "none" or bool(c.post_collect_hook) or bool(c.yield_completed_trajectories):
+    replay = str(cfg.replay.kind) != "none"  # the n-step post-processor comes only with replay
+    if reads_every_row(replay=replay, postproc=replay, hook=bool(c.post_collect_hook),
+                       trajectories=bool(c.yield_completed_trajectories)):
         return True
     obs_bytes = int(np.prod(env_spec.obs_shape, dtype=np.int64)) * np.dtype(env_spec.obs_dtype).itemsize
     return obs_bytes < CUT_SUCCESSORS_MIN_BYTES
