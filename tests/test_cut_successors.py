@@ -80,6 +80,31 @@ def test_a_nan_step_cut_out_has_the_observation_acted_on_as_its_recorded_success
     assert skipped >= 10
 
 
+def test_successors_stay_exact_across_a_sigkilled_worker_and_its_restart():
+    import os
+    import signal
+
+    graph = GRAPHS["process-inline"]
+    collector = AsyncBatchedCollector(CountingEnvFactory(), SMALL_MLP, graph, frames_per_batch=23, total_frames=-1,
+                                      seed=11, dense_successors=False, max_restarts=1).start()
+    try:
+        batches = [collector.next_batch().clone() for _ in range(6)]
+        os.kill(collector.workers.pids[0], signal.SIGKILL)  # mid-chunk, most likely: that chunk is lost
+        batches += [collector.next_batch().clone() for _ in range(24)]
+        assert collector._restarts.count == 1
+    finally:
+        collector.shutdown()
+    seeds: dict[int, set[float]] = {}
+    for batch in batches:
+        rows = _cut_rows(batch)
+        for row, successor in zip(rows.tolist(), successor_observations(batch, rows)):
+            episode, t, seed = _where(batch["observation"][row])
+            assert _where(successor) == (episode, t + 1, seed), f"row {row}"
+        for env, obs in zip(batch["env_index"].tolist(), batch["observation"]):
+            seeds.setdefault(env, set()).add(float(obs[2]))
+    assert any(len(s) > 1 for s in seeds.values()), "the restarted worker's envs were built anew (new seeds)"
+
+
 def test_a_graph_without_a_stream_keeps_dense_successors():
     graph = GRAPHS["process-inline-concurrent"]
     batches = _collect_cut(graph, frames_per_batch=20, total=40)
