@@ -23,7 +23,7 @@ from components.trainers.sac import SACConfig
 
 @dataclass
 class EnvSchema:
-    #: short label used in run names and the plan
+    #: short label of the env option, used in the plan and sweep directory names (a run's own directory names the env it steps)
     name: str = MISSING
     #: gymnasium id
     id: str = MISSING
@@ -359,10 +359,11 @@ class Config:
 
 
 def register() -> None:
-    """Put every schema in Hydra's ConfigStore and the ``rlp_suffix`` resolver in OmegaConf (idempotent).
+    """Put every schema in Hydra's ConfigStore and the run-name resolvers in OmegaConf (idempotent).
 
     ``${rlp_suffix:}`` is a short random suffix for default run directory
     names: two runs started in the same second get two directories.
+    ``${rlp_env_label:...}`` names the env a run steps (:func:`env_label`).
     """
     import secrets
 
@@ -370,6 +371,10 @@ def register() -> None:
 
     if not OmegaConf.has_resolver("rlp_suffix"):
         OmegaConf.register_new_resolver("rlp_suffix", lambda: secrets.token_hex(3), use_cache=True)
+    if not OmegaConf.has_resolver("rlp_env_label"):
+        from pipeline.plan.run_name import env_label
+
+        OmegaConf.register_new_resolver("rlp_env_label", env_label)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, name, node in (
