@@ -8,19 +8,21 @@ from pipeline.plan.run_name import ENV_LABEL_CHARS, env_label
 from tests.conftest import ROOT, run_pipeline
 
 
-@pytest.mark.parametrize(("env_id", "target", "factories", "label"), [
+@pytest.mark.parametrize(("factory_id", "target", "factories", "label"), [
     ("Acrobot-v1", "components.envs.GymEnvFactory", None, "Acrobot-v1"),
-    ("ALE/Pong-v5", "components.envs.GymEnvFactory", None, "ALE-Pong-v5"),
-    ("my_pkg.envs:Grid-v0", None, None, "my_pkg.envs-Grid-v0"),  # gymnasium's module:id form
-    ("CartPole-v1", "byo_example.PickEnvFactory", None, "PickEnv"),  # a user's factory under the default option
-    ("CartPole-v1", "pkg.mod:make_env", None, "make_env"),
-    ("CartPole-v1", "pkg.Factory", None, "Factory"),
+    ("ALE/Pong-v5", "components.envs.AtariEnvFactory", None, "ALE-Pong-v5"),
+    ("my_pkg.envs:Grid-v0", "components.envs.GymEnvFactory", None, "my_pkg.envs-Grid-v0"),  # module:id form
+    ("CartPole-v1", "components.partial_obs.NoVelocityEnvFactory", None, "NoVelocityEnv-CartPole-v1"),
+    (None, "byo_example.PickEnvFactory", None, "PickEnv"),  # a user's factory under the default option
+    (None, "pkg.mod:make_env", None, "make_env"),
+    (None, "pkg.Factory", None, "Factory"),
     ("CartPole-v1", "components.envs.GymEnvFactory", [{"count": 2}], "envset"),
-    ("../../etc", None, None, "etc"),  # nothing that climbs out of runs/
-    ("x" * 100, None, None, "x" * ENV_LABEL_CHARS),
+    ("../../etc", "components.envs.GymEnvFactory", None, "etc"),  # nothing that climbs out of runs/
+    ("x" * 100, "components.envs.GymEnvFactory", None, "x" * ENV_LABEL_CHARS),
+    (None, None, None, "env"),
 ])
-def test_the_label_names_the_env_in_characters_safe_for_a_path(env_id, target, factories, label):
-    assert env_label(env_id, target, factories) == label
+def test_the_label_names_the_env_in_characters_safe_for_a_path(factory_id, target, factories, label):
+    assert env_label(factory_id, target, factories) == label
 
 
 def test_a_run_of_your_own_env_under_the_default_option_is_named_after_it(tmp_path):
