@@ -80,6 +80,11 @@ class EnvSpec:
         return next(leaf for leaf in self.obs_leaves if leaf.name == name)
 
     @property
+    def obs_bytes(self) -> int:
+        """Bytes of one observation as the data plane carries it (a tree: its packed row)."""
+        return int(np.prod(self.obs_shape, dtype=np.int64)) * np.dtype(self.obs_dtype).itemsize
+
+    @property
     def mask_size(self) -> int:
         """Entries an action mask must have: one per choice (MultiDiscrete: per choice of each component)."""
         if self.action_kind == "discrete":

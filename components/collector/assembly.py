@@ -63,7 +63,7 @@ class BatchAssembler:
         self._carry: tuple[int, int] | None = None  # (chunk, first frame not yet delivered)
         self.memory = BatchMemory()
         #: without dense successors: the stream's successor field left out of every batch
-        self._cut = None if pool.dense_successor else f"next.{pool.stream}"
+        self._cut = None if pool.dense_successor else pool.successor
         #: the shape and torch dtype of one streamed observation (an empty table's)
         self._stream_row = next(((tuple(f.shape), getattr(torch, f.dtype)) for f in pool.fields
                                  if f.name == pool.stream), None)

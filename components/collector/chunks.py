@@ -74,6 +74,8 @@ class ChunkPool:
             raise ValueError(f"a stream of {stream!r} needs the fields {stream!r}, 'next.{stream}' and 'next.done'")
         #: the field stored as a stream of ``chunk_len + 1`` steps (its successor derived on read), or None
         self.stream = stream
+        #: the stream's successor field (``next.<stream>``: only episodes' finals are stored in it), or None
+        self.successor = None if stream is None else f"next.{stream}"
         #: False: :meth:`copy_into` and :meth:`gather_into` leave the stream's successor out (a trainer that reads
         #: it only where trajectories are cut gets those from :meth:`cut_successors`)
         self.dense_successor = stream is None or dense_successor
@@ -151,20 +153,19 @@ class ChunkPool:
         if self.stream is not None:
             import torch
 
-            successor = torch.empty_like(out[f"next.{self.stream}"])
+            successor = torch.empty_like(out[self.successor])
             self._derive(gid, 0, successor.shape[0], successor, 0)
-            out[f"next.{self.stream}"] = successor
+            out[self.successor] = successor
         return out
 
     def copy_into(self, gid: int, start: int, take: int, out: dict[str, Any], pos: int) -> None:
         """Frames ``start:start + take`` of chunk ``gid`` into ``out[key][pos:pos + take]``: one copy per field."""
         views = self._views(gid)
-        successor = None if self.stream is None else f"next.{self.stream}"
         for key, view in views.items():
-            if key != successor:
+            if key != self.successor:
                 out[key][pos : pos + take] = view[: self.chunk_len].reshape(-1, *view.shape[2:])[start : start + take]
-        if successor is not None and self.dense_successor:
-            self._derive(gid, start, take, out[successor], pos)
+        if self.successor is not None and self.dense_successor:
+            self._derive(gid, start, take, out[self.successor], pos)
 
     def cut_successors(self, gid: int, start: int, take: int) -> tuple[Any, Any, Any]:
         """``(env_index, env_step, successor)`` of frames ``start:start + take`` of chunk ``gid`` whose next may be elsewhere.
@@ -192,7 +193,7 @@ class ChunkPool:
         done = views["next.done"].reshape(-1)[start:end]
         if done.any():  # an episode's successor is its final observation, kept apart from the stream
             ended = start + np.flatnonzero(done)
-            final = views[f"next.{self.stream}"][ended // rows, ended % rows]
+            final = views[self.successor][ended // rows, ended % rows]
             last = ended >= first
             successors[ended[last] - first] = final[last]
             frames = np.concatenate([frames, ended[~last]])
@@ -218,7 +219,7 @@ class ChunkPool:
         done = views["next.done"].reshape(-1)[start : start + take]
         ended = done.nonzero().squeeze(1)
         if ended.numel():
-            finals = views[f"next.{self.stream}"].reshape(-1, *stream.shape[2:])
+            finals = views[self.successor].reshape(-1, *stream.shape[2:])
             target[pos + ended] = finals[start + ended]
 
     def full_width(self, gid: int) -> bool:
@@ -235,7 +236,7 @@ class ChunkPool:
         end = start + frames
         for name, bank, shape in self._gather_sources():
             torch.index_select(bank, 0, index, out=out[name][start:end].view(len(gids), *shape))
-        successor = None if self.stream is None else f"next.{self.stream}"
+        successor = self.successor
         if successor is not None and self.dense_successor:
             # every chunk's episode ends at once, from the done flags just gathered: one index op, not one per chunk
             ended = out["next.done"][start:end].nonzero().squeeze(1)
@@ -255,13 +256,12 @@ class ChunkPool:
         """
         sources = self._sources
         if sources is None:
-            successor = None if self.stream is None else f"next.{self.stream}"
             sources = []
             for f in self.fields:
-                if f.name == successor and not self.dense_successor:
+                if f.name == self.successor and not self.dense_successor:
                     continue
                 bank = self._bank(f.name)
-                if f.name == successor:
+                if f.name == self.successor:
                     bank = self._bank(self.stream)[:, 1:]
                 elif f.name == self.stream:
                     bank = bank[:, : self.chunk_len]

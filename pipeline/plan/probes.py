@@ -258,7 +258,7 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
         except (OSError, TimeoutError):
             hop_s = DEFAULT_HOP_S  # no child process here (a sandbox): a typical figure
     hop = hop_s
-    obs_bytes = int(np.prod(env_spec.obs_shape, dtype=np.int64)) * np.dtype(env_spec.obs_dtype).itemsize
+    obs_bytes = env_spec.obs_bytes
     action_bytes = int(np.prod(env_spec.action_shape, dtype=np.int64)) * np.dtype(env_spec.action_dtype).itemsize
     # observation and successor, the action, and ~60 bytes of flags, counters, return, version, value, log-prob
     frame_bytes = 2 * obs_bytes + action_bytes + 60

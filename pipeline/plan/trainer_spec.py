@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import numpy as np
-
 from pipeline.plan.validate import import_target
 
 
@@ -39,8 +37,7 @@ def dense_successors(cfg: Any, env_spec: Any) -> bool:
     if reads_every_row(replay=replay, postproc=replay, hook=bool(c.post_collect_hook),
                        trajectories=bool(c.yield_completed_trajectories)):
         return True
-    obs_bytes = int(np.prod(env_spec.obs_shape, dtype=np.int64)) * np.dtype(env_spec.obs_dtype).itemsize
-    return obs_bytes < CUT_SUCCESSORS_MIN_BYTES
+    return env_spec.obs_bytes < CUT_SUCCESSORS_MIN_BYTES
 
 
 def build_trainer(cfg: Any, model: Any, env_spec: Any, device: str, policy_version: int, **overrides: Any) -> Any:

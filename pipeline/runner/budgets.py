@@ -14,8 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline.plan.validate import ConfigError
 
 #: Bytes per transition for everything but observations (actions, rewards, flags, indices, values).
@@ -49,7 +47,7 @@ def _gb(n: float) -> str:
 
 def transition_bytes(env_spec: Any, *, frame_dedup: bool = False) -> int:
     """Bytes of one stored transition: an observation, its successor and the small fields."""
-    obs = int(np.prod(env_spec.obs_shape)) * np.dtype(env_spec.obs_dtype).itemsize
+    obs = env_spec.obs_bytes
     if frame_dedup:
         frame = obs // env_spec.obs_shape[0]
         return int(frame * DEDUP_FRAMES_PER_TRANSITION) + SMALL_FIELDS_BYTES
