@@ -80,7 +80,9 @@ def test_the_zero_batch_feeds_every_kind_of_ppo_run(monkeypatch, overrides):
     # every timed update trained on every row, with all its epochs: none dropped as stale, none stopped early
     assert all(m["dropped_stale_frames"] == 0 and m["trained_frames"] == int(cfg.trainer.frames_per_batch)
                for m in calls)
-    assert all(m["approx_kl"] < 1e-3 for m in calls), "the behaviour log-probabilities are the model's own"
+    # the batch's log-probabilities are the model's when it is made: the first update's KL is ~0 (zeros in their
+    # place read 0.06-0.93); later updates train on the same batch, so theirs grows (up to ~1e-3 on the Dict case)
+    assert calls[0]["approx_kl"] < 1e-3, "the behaviour log-probabilities are the model's own"
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the run's weights are untouched"
 
 
