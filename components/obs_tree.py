@@ -140,6 +140,21 @@ def packed_size(leaves: Sequence[ObsLeaf]) -> int:
     return max(ALIGN, -(-(last.offset + last.nbytes) // ALIGN) * ALIGN)
 
 
+def frame_leaves(leaves: Sequence[ObsLeaf]) -> tuple[ObsLeaf, ...]:
+    """The image leaves replay's frame dedup stores a frame at a time: those shaped like the largest image leaf.
+
+    An image leaf's first axis is its frame stack (``[stack, H, W]``, as the
+    Atari preset and gymnasium's ``FrameStackObservation`` give it). The
+    dedup pool holds frames of one shape, so image leaves of another shape
+    (a small map beside the camera) are stored whole.
+    """
+    images = [leaf for leaf in leaves if leaf.image]
+    if not images:
+        return ()
+    largest = max(images, key=lambda leaf: leaf.nbytes)
+    return tuple(leaf for leaf in images if leaf.shape == largest.shape)
+
+
 def leaf_view(rows: np.ndarray, leaf: ObsLeaf) -> np.ndarray:
     """Leaf ``leaf`` of packed ``rows`` (``[..., packed]`` uint8) as a writable view ``[..., *leaf.shape]``."""
     lead = rows.shape[:-1]

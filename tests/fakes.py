@@ -482,6 +482,82 @@ def tree_consistent(leaves: dict[str, np.ndarray]) -> np.ndarray:
     return ok & (leaves["flags"] == bits).all(-1)
 
 
+class PixelsDictEnv:
+    """A Dict observation with a frame-stack image leaf: ``{"pixels": uint8 [stack, 36, 36], "clock": float32 [2]}``.
+
+    Every frame is new (its env ``ident`` and step ``t`` are written in its
+    first bytes, a pattern of both after), the stack holds the last
+    ``stack`` frames (the reset frame repeated at an episode's start), and
+    ``clock`` is ``[t, episode]``: :func:`pixels_consistent` checks any row
+    bit for bit. Episodes last 5-9 steps, ending by termination or truncation
+    in turn; the reward is 1 for action ``t % 2``. ``extra_image`` adds a
+    second image leaf of another shape (stored whole by frame dedup).
+    """
+
+    def __init__(self, ident: int = 0, stack: int = 4, extra_image: bool = False) -> None:
+        import gymnasium as gym
+
+        s = gym.spaces
+        self.ident, self.stack, self.extra_image = ident, stack, extra_image
+        leaves = {"pixels": s.Box(0, 255, (stack, 36, 36), np.uint8),
+                  "clock": s.Box(-np.inf, np.inf, (2,), np.float32)}
+        if extra_image:
+            leaves["map"] = s.Box(0, 255, (1, 40, 40), np.uint8)
+        self.observation_space = s.Dict(leaves)
+        self.action_space = s.Discrete(2)
+        self._t, self._episode, self._frames = 0, -1, []
+
+    def _frame(self) -> np.ndarray:
+        t, e = self._t, self._episode
+        frame = ((np.arange(36 * 36) * 7 + t * 13 + e * 29 + self.ident * 101) % 256).astype(np.uint8)
+        frame[:4] = [t % 256, t // 256, e % 256, self.ident]
+        return frame.reshape(36, 36)
+
+    def _obs(self) -> dict:
+        obs = {"pixels": np.stack(self._frames[-self.stack:]), "clock": np.float32([self._t, self._episode])}
+        if self.extra_image:
+            obs["map"] = np.full((1, 40, 40), (self._t * 3 + self.ident) % 256, np.uint8)
+        return obs
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[dict, dict]:
+        self._t, self._episode = 0, self._episode + 1
+        self._frames = [self._frame()] * self.stack
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        reward = float(int(action) == self._t % 2)
+        self._t += 1
+        self._frames.append(self._frame())
+        end = self._t >= 5 + (self._episode + self.ident) % 5
+        return self._obs(), reward, end and self._episode % 2 == 0, end and self._episode % 2 == 1, {}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class PixelsDictEnvFactory:
+    """A picklable factory of :class:`PixelsDictEnv`."""
+
+    stack: int = 4
+    extra_image: bool = False
+
+    def __call__(self) -> PixelsDictEnv:
+        return PixelsDictEnv(0, self.stack, self.extra_image)
+
+
+def pixels_consistent(pixels: np.ndarray, clock: np.ndarray) -> np.ndarray:
+    """Per row of a :class:`PixelsDictEnv` observation, whether its frames are the ones its clock says."""
+    stack = pixels.shape[-3]
+    t = clock[..., 0].astype(np.int64)
+    ok = np.ones(t.shape, bool)
+    for k in range(stack):
+        step = np.maximum(t - (stack - 1 - k), 0)
+        head = pixels[..., k, 0, :3].astype(np.int64)
+        ok &= (head[..., 0] + 256 * head[..., 1] == step) & (head[..., 2] == clock[..., 1].astype(np.int64) % 256)
+    return ok
+
+
 def tensordict_policy(spec, width: int = 32):  # noqa: ANN001, ANN201 - a TorchRL user's model: a TensorDictModule
     """An actor-critic as a TorchRL user writes it: one MLP writing ``logits`` and ``state_value``."""
     from tensordict.nn import TensorDictModule, TensorDictSequential

@@ -60,6 +60,11 @@ def atari_stream(num_envs: int, steps: int, *, stack: int = 4, shape=(6, 6), max
             for key, value in zip(out, (obs[e], nxt, reward, term, trunc, e, t)):
                 out[key].append(value)
             obs[e] = env.reset()[0] if term or trunc else nxt
+    return stream_tensordict(out)
+
+
+def stream_tensordict(out: dict[str, list]) -> TensorDict:
+    """Per-step lists of observations, successors, rewards, flags, env and step as the collector's batch."""
     n = len(out["env"])
     term, trunc = torch.tensor(out["term"]), torch.tensor(out["trunc"])
     return TensorDict({

@@ -154,8 +154,14 @@ def frame_dedup(choice: Choice[bool | None]) -> str:
     f = choice.facts
     if choice.code == "auto.pending":
         return "auto (decided from the env's observations)"
+    leaves = f.get("leaves")
+    if choice.code == "auto.on" and leaves:
+        return (f"auto -> on: image leaf {', '.join(repr(n) for n in leaves)} ({f['shape']} uint8), each frame "
+                "stored once, the rest of the observation whole")
     if choice.code == "auto.on":
         return f"auto -> on: {f['shape']} uint8 frame stacks, each frame stored once"
+    if choice.code == "auto.off" and leaves is not None:
+        return "auto -> off: the Dict/Tuple observation has no uint8 image leaf of at least 36x36"
     if choice.code == "auto.off":
         return f"auto -> off: {f['shape']} {f['dtype']} observations are not uint8 frame stacks"
     return str(f["word"])

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from components.collector.graph import GraphSpec
 from components.collector.lockstep import lockstep_chunk_len, lockstep_problem
 from components.inference.loop import ServerConfig
+from components.obs_tree import frame_leaves
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
 from pipeline.plan.eval_settings import eval_settings
@@ -127,12 +128,19 @@ def _frame_dedup(cfg: DictConfig, env_spec: Any) -> Choice[bool | None]:
     value = str(cfg.replay.frame_dedup).lower()
     if env_spec is None:
         return Choice(None, "auto.pending") if value == "auto" else Choice(value == "true", "given", {"word": value})
-    stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
-    facts = {"shape": "x".join(str(d) for d in env_spec.obs_shape), "dtype": str(env_spec.obs_dtype)}
+    if env_spec.is_tree:  # a Dict/Tuple: its image leaves, if it has any
+        images = frame_leaves(env_spec.obs_leaves)
+        stacks = bool(images)
+        facts = {"shape": "x".join(str(d) for d in images[0].shape) if images else "",
+                 "dtype": "uint8", "leaves": [leaf.name for leaf in images]}
+        what = "the Dict/Tuple observation has no uint8 [stack, H, W] image leaf of at least 36x36"
+    else:
+        stacks = env_spec.obs_dtype == "uint8" and len(env_spec.obs_shape) == 3
+        facts = {"shape": "x".join(str(d) for d in env_spec.obs_shape), "dtype": str(env_spec.obs_dtype)}
+        what = f"observations {facts['shape']} {env_spec.obs_dtype} are not uint8 frame stacks"
     if value != "auto":
         if value == "true" and not stacks:
-            raise ConfigError(f"replay.frame_dedup={cfg.replay.frame_dedup}: observations {facts['shape']} "
-                              f"{env_spec.obs_dtype} are not uint8 frame stacks (use auto or false)")
+            raise ConfigError(f"replay.frame_dedup={cfg.replay.frame_dedup}: {what} (use auto or false)")
         return Choice(value == "true", "given", {"word": value})
     return Choice(True, "auto.on", facts) if stacks else Choice(False, "auto.off", facts)
 

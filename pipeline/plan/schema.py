@@ -172,7 +172,7 @@ class ReplaySchema:
     storage: ReplayStorage = ReplayStorage.memory
     #: transitions kept (circular overwrite)
     capacity: int = 100_000
-    #: store each frame of uint8 frame stacks once: auto (when observations are stacks), true, false (any case)
+    #: store each frame of uint8 frame stacks once: auto (when observations, or a Dict's image leaves, are stacks), true, false (any case)
     frame_dedup: str = "auto"
     #: prioritized: priority exponent
     alpha: float = 0.6

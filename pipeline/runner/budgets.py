@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from components.obs_tree import frame_leaves
 from pipeline.plan.validate import ConfigError
 
 #: Bytes per transition for everything but observations (actions, rewards, flags, indices, values).
@@ -48,6 +49,11 @@ def _gb(n: float) -> str:
 def transition_bytes(env_spec: Any, *, frame_dedup: bool = False) -> int:
     """Bytes of one stored transition: an observation, its successor and the small fields."""
     obs = env_spec.obs_bytes
+    if frame_dedup and env_spec.is_tree:  # the image leaves as frames, the rest of each packed row whole
+        images = frame_leaves(env_spec.obs_leaves)
+        frame = images[0].nbytes // images[0].shape[0]
+        rest = obs - sum(leaf.nbytes for leaf in images)
+        return int(len(images) * frame * DEDUP_FRAMES_PER_TRANSITION) + 2 * rest + SMALL_FIELDS_BYTES
     if frame_dedup:
         frame = obs // env_spec.obs_shape[0]
         return int(frame * DEDUP_FRAMES_PER_TRANSITION) + SMALL_FIELDS_BYTES

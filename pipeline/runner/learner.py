@@ -52,7 +52,7 @@ def post_collect_hook(cfg: DictConfig) -> Any:
                           f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 
 
-def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple[Any, Any]:
+def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any, env_spec: Any) -> tuple[Any, Any]:
     """The replay buffer and the n-step transform the writer applies (or None, None)."""
     r = cfg.replay
     if r.kind == "none":
@@ -61,10 +61,13 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any) -> tuple
     from components.replay.frames import FrameStackStorage
     from components.replay.nstep import NStepReturns
     from components.replay.storage import TensorStorage
+    from components.replay.tree_frames import TreeFrameStorage
 
     path = run_dir / "replay" if r.storage == "disk" else None
-    if plan.frame_dedup:
-        storage: Any = FrameStackStorage(int(r.capacity), path=path)
+    if plan.frame_dedup and env_spec.is_tree:  # the Dict/Tuple's image leaves, split out of its packed rows
+        storage: Any = TreeFrameStorage(int(r.capacity), env_spec.obs_leaves, path=path)
+    elif plan.frame_dedup:
+        storage = FrameStackStorage(int(r.capacity), path=path)
     else:
         storage = TensorStorage(int(r.capacity), device=plan.storing_device if path is None else "cpu", path=path)
     per_batch = getattr(algo, "updates_per_batch", None)  # SAC: updates_per_frame

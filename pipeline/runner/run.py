@@ -166,7 +166,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, env_factory: Any, env_spe
                               f"trainer.total_frames={algo.total_frames}; give a larger trainer.total_frames")
         trainer.load_state_dict(restored)
         set_rng_state(restored["rng"])
-    buffer, nstep = build_replay(cfg, run_dir, plan, algo)
+    buffer, nstep = build_replay(cfg, run_dir, plan, algo, env_spec)
     reserve = DiskReserve(run_dir, final_write_bytes(trainer, cfg))
     if restored is not None and buffer is not None and restored.get("replay") is not None:
         buffer.load_state_dict(restored["replay"])
