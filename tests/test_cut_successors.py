@@ -10,6 +10,8 @@ from such a batch as from the dense one.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -87,21 +89,29 @@ def test_successors_stay_exact_across_a_sigkilled_worker_and_its_restart():
     graph = GRAPHS["process-inline"]
     collector = AsyncBatchedCollector(CountingEnvFactory(), SMALL_MLP, graph, frames_per_batch=23, total_frames=-1,
                                       seed=11, dense_successors=False, max_restarts=1).start()
-    try:
-        batches = [collector.next_batch().clone() for _ in range(6)]
-        os.kill(collector.workers.pids[0], signal.SIGKILL)  # mid-chunk, most likely: that chunk is lost
-        batches += [collector.next_batch().clone() for _ in range(24)]
-        assert collector._restarts.count == 1
-    finally:
-        collector.shutdown()
     seeds: dict[int, set[float]] = {}
-    for batch in batches:
+
+    def check(batch) -> None:  # noqa: ANN001
         rows = _cut_rows(batch)
         for row, successor in zip(rows.tolist(), successor_observations(batch, rows)):
             episode, t, seed = _where(batch["observation"][row])
             assert _where(successor) == (episode, t + 1, seed), f"row {row}"
         for env, obs in zip(batch["env_index"].tolist(), batch["observation"]):
             seeds.setdefault(env, set()).add(float(obs[2]))
+
+    try:
+        for _ in range(6):
+            check(collector.next_batch())
+        os.kill(collector.workers.pids[0], signal.SIGKILL)  # mid-chunk, most likely: that chunk is lost
+        # until the restarted worker's envs deliver (the other worker may fill many batches meanwhile)
+        deadline = time.monotonic() + 60
+        while not any(len(s) > 1 for s in seeds.values()) and time.monotonic() < deadline:
+            check(collector.next_batch())
+        for _ in range(6):  # and some more batches after it is back
+            check(collector.next_batch())
+        assert collector._restarts.count == 1
+    finally:
+        collector.shutdown()
     assert any(len(s) > 1 for s in seeds.values()), "the restarted worker's envs were built anew (new seeds)"
 
 
