@@ -15,7 +15,9 @@ code: the checkpoint is read with ``weights_only=True`` (as a resume reads
 it), and every ``_target_`` of the config stored inside it, and the model's
 class, must be one of this project's own (``components.*``/``pipeline.*``
 paths the config tree names); a gymnasium ``module:Env`` id is refused.
-Overrides on the command line are the user's and are accepted.
+Overrides on the command line are the user's and are accepted: restating
+a refused item (``env.factory._target_=my_pkg.MyEnvFactory``,
+``model._target_=my_pkg.MyNet``) accepts it, as ``resume=`` does.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class PlayError(RuntimeError):
 
 
 def _parse(argv: list[str]) -> tuple[Path, dict[str, str], list[str]]:
+    """The target, the options and the env overrides; a restated ``model._target_`` is kept among the options."""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\noptions: episodes=N (default: the run's eval.episodes), video=path.mp4, "
               "mode=deterministic|mode|mean|random (default: the run's eval.mode), seed_index=K (default: the run's "
@@ -44,7 +47,7 @@ def _parse(argv: list[str]) -> tuple[Path, dict[str, str], list[str]]:
         key, sep, value = item.partition("=")
         if not sep:
             raise PlayError(f"{item!r}: expected key=value (options: {', '.join(OPTIONS)}, or env.<key>=<value>)")
-        if key in OPTIONS:
+        if key in OPTIONS or key == "model._target_":
             options[key] = value
         elif key.startswith("env."):
             env.append(item)
@@ -54,11 +57,13 @@ def _parse(argv: list[str]) -> tuple[Path, dict[str, str], list[str]]:
     return target, options, env
 
 
-def _vet(config: dict[str, Any], model_target: str, model_kwargs: Any) -> None:
-    """Refuse a stored config or model that would import or call code this project does not name."""
+def _vet(config: dict[str, Any], model_target: str, model_kwargs: Any, restated: set[str], where: Path) -> None:
+    """Refuse a stored config or model that would import or call code this project does not name, unless
+    the user restated it on the command line (``restated``: its ``key=value`` items)."""
+    from pipeline.plan.rules import RECURRENT_MODEL
     from pipeline.runner.saved_overrides import project_configs
 
-    allowed = project_configs().targets
+    allowed = {*project_configs().targets, RECURRENT_MODEL}
     found: list[str] = []
 
     def walk(node: Any, where: str) -> None:
@@ -77,12 +82,14 @@ def _vet(config: dict[str, Any], model_target: str, model_kwargs: Any) -> None:
     walk(config.get("env", {}), "env")
     env_id = str(config.get("env", {}).get("id", ""))
     if ":" in env_id:
-        found.append(f"env.id={env_id} (a module:Env id imports that module)")
+        found.append(f"env.id={env_id}")  # a module:Env id imports that module
     if model_target not in allowed and not model_target.startswith("components.models."):
-        found.append(f"model {model_target}")
+        found.append(f"model._target_={model_target}")
     walk(model_kwargs, "model")
+    found = [item for item in found if item not in restated]
     if found:
-        raise PlayError(f"refused what would run code that is not this project's: {'; '.join(found)}")
+        raise PlayError(f"refused what would run code that is not this project's: {'; '.join(found)}; restate them "
+                        f"on the command line to accept them: python -m pipeline.play {where} {' '.join(found)}")
 
 
 def _load(target: Path) -> tuple[Path, dict[str, Any]]:
@@ -132,7 +139,9 @@ def play(argv: list[str]) -> int:
     run_dir, state = _load(target)
     config = state["config"]
     spec = state["model_spec"]
-    _vet(config, str(spec.get("target")), spec.get("kwargs", {}))
+    restated = set(env_overrides) | ({f"model._target_={options['model._target_']}"} if "model._target_" in options
+                                     else set())
+    _vet(config, str(spec.get("target")), spec.get("kwargs", {}), restated, target)
     cfg = OmegaConf.create(config)
     if env_overrides:
         old_id = OmegaConf.select(cfg, "env.id", default=None)
@@ -188,7 +197,7 @@ def play(argv: list[str]) -> int:
         torch.set_num_threads(1)
         try:
             returns, lengths = play_episodes(model, envs, [int(s) for s in seeds], mode, row, max_steps, recorder,
-                                             every_episode=True)
+                                             every_episode=True, obs_leaves=leaves)
         except VideoError as err:
             raise PlayError(f"video={video}: {err}") from None
         for i, (ret, length) in enumerate(zip(returns, lengths)):

@@ -94,6 +94,34 @@ def test_bad_inputs_are_one_line_each(cartpole_run, tmp_path):
         assert result.returncode == 2 and len(lines) == 1 and message in lines[0], (args, result.stderr)
 
 
+def test_your_own_env_plays_once_restated_and_a_recurrent_model_is_the_projects_own(tmp_path):
+    """A recurrent run of a Dict-observation env of the user's: the model plays as it is, the env once restated."""
+    run_dir = tmp_path / "run"
+    result = run_pipeline(["env.factory._target_=tests.fakes.TreeEnvFactory", "~env.factory.id", "+env.factory.mask=obs",
+                           "model=lstm", "trainer.total_frames=2048", "trainer.target_return=null", "logger=jsonl",
+                           "progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = _play([str(run_dir), "episodes=2"], cwd=tmp_path)
+    restate = f"python -m pipeline.play {run_dir} env.factory._target_=tests.fakes.TreeEnvFactory"
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(restate), refused.stderr
+    assert "RecurrentActorCritic" not in refused.stderr
+    played = _play([str(run_dir), "episodes=2", "env.factory._target_=tests.fakes.TreeEnvFactory"], cwd=tmp_path)
+    assert played.returncode == 0, played.stderr[-2000:]
+    assert re.search(r"mean return [\d.]+ over 2 episode", played.stdout), played.stdout
+
+
+def test_a_model_of_your_own_is_accepted_only_as_restated():
+    from pipeline.play import PlayError, _vet
+
+    config = {"env": {"factory": {"_target_": "components.envs.GymEnvFactory", "id": "CartPole-v1"}}}
+    with pytest.raises(PlayError, match=r"model._target_=tests.fakes.TinyActorCritic; restate them on the command "
+                                        r"line to accept them: python -m pipeline.play run model._target_="):
+        _vet(config, "tests.fakes.TinyActorCritic", {}, set(), Path("run"))
+    _vet(config, "tests.fakes.TinyActorCritic", {}, {"model._target_=tests.fakes.TinyActorCritic"}, Path("run"))
+    with pytest.raises(PlayError, match="model._target_=tests.fakes.TinyActorCritic"):  # restating another is not it
+        _vet(config, "tests.fakes.TinyActorCritic", {}, {"model._target_=tests.fakes.TreeReader"}, Path("run"))
+
+
 @pytest.mark.slow
 def test_play_records_atari_as_the_emulators_rgb_frames(tmp_path):
     run_dir = tmp_path / "pong"
