@@ -3,7 +3,9 @@
 ``model._target_`` may name any ``torch.nn.Module`` class built as
 ``cls(env_spec, **kwargs)`` (the ``model.*`` keys its constructor takes, see
 :func:`accepted_kwargs`). Every placement calls ``act(inputs, modes)``:
-``inputs["observation"]`` a batch of observations, ``modes`` the
+``inputs["observation"]`` a batch of observations (a Dict/Tuple
+observation: a nested ``TensorDict`` of its leaves, wherever the model
+runs), ``modes`` the
 interaction mode per row (:class:`~components.interaction.InteractionMode`);
 it returns a dict of tensors with one row per observation. The trainers
 call more:
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from components.envs import EnvSpec
+from components.obs_tree import model_observation, tree_leaves_of
 
 #: what each trainer calls on its model, beyond ``act``
 NEEDS = {"ppo": ("act", "evaluate", "value"), "dqn": ("act", "forward"), "sac": ("act", "sample")}
@@ -91,7 +94,8 @@ def check_model(model: Any, spec: EnvSpec, trainer: str, rows: int = 2) -> None:
         raise ModelContractError(f"{name} has no epsilon buffer; trainer=dqn sets the exploration rate there")
     reference = next(iter([*model.parameters(), *model.buffers()]), None) if isinstance(model, torch.nn.Module) else None
     device = reference.device if reference is not None else torch.device("cpu")
-    obs = torch.from_numpy(np.broadcast_to(spec.zero_observation(), (rows, *spec.obs_shape)).copy()).to(device)
+    packed = torch.from_numpy(np.broadcast_to(spec.zero_observation(), (rows, *spec.obs_shape)).copy()).to(device)
+    obs = model_observation(tree_leaves_of(spec), packed)  # a Dict/Tuple: its leaves, as every caller hands them
     modes = torch.zeros(rows, dtype=torch.int8, device=device)
     action_kinds = "f" if spec.action_kind == "continuous" else "iub"
     try:

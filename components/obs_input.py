@@ -7,9 +7,9 @@ encoded here, each component over its own categories, concatenated; past
 :data:`ONE_HOT_MAX` categories in all a learned embedding per component
 replaces the one-hot (its width stays small whatever the count).
 
-A Dict/Tuple observation arrives as one packed byte row
-(:mod:`components.obs_tree`): each leaf is read back as a view of its own
-dtype and encoded by what it is (the Nature CNN for a ``uint8 [C, H, W]``
+A Dict/Tuple observation arrives as a nested ``TensorDict`` of its leaves
+(:mod:`components.obs_tree`; packed rows are read as views too): each leaf
+is encoded by what it is (the Nature CNN for a ``uint8 [C, H, W]``
 image of 36 pixels or more, one-hot for categories, the values as they are
 for vectors and flags) and the features are concatenated, the composite
 encoder of RLlib and Sample Factory. The action mask leaf, if any, is not a
@@ -19,8 +19,11 @@ feature: :meth:`ObservationInput.mask` hands it to the action head.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
@@ -40,9 +43,17 @@ def masked(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
-def mask_rows(leaf: ObsLeaf, obs: torch.Tensor) -> torch.Tensor:
-    """The action mask leaf ``leaf`` of packed rows ``obs`` as ``[rows, choices]`` bool (non-zero: allowed)."""
-    return leaf_tensors([leaf], obs)[0].reshape(obs.shape[0], -1) != 0
+def tree_values(leaves: Sequence[ObsLeaf], obs: Any) -> list[torch.Tensor]:
+    """Each leaf of a tree observation: from its nested ``TensorDict`` (what models are handed), or read
+    out of packed rows (a caller holding the data plane's bytes)."""
+    if isinstance(obs, TensorDictBase):
+        return [obs.get(leaf.key) for leaf in leaves]
+    return leaf_tensors(leaves, obs)
+
+
+def mask_rows(leaf: ObsLeaf, obs: Any) -> torch.Tensor:
+    """The action mask leaf ``leaf`` of ``obs`` (a tree or packed rows) as ``[rows, choices]`` bool (non-zero: allowed)."""
+    return tree_values([leaf], obs)[0].reshape(obs.shape[0], -1) != 0
 
 
 class ObservationInput(nn.Module):
@@ -98,7 +109,7 @@ class ObservationInput(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         rows = obs.shape[0]
         if self.parts is not None:
-            values = leaf_tensors(self.leaves, obs)
+            values = tree_values(self.leaves, obs)
             return torch.cat([part(values[k]) for k, part in zip(self.features, self.parts)], dim=-1)
         if not self.categorical:
             return obs.reshape(rows, -1).float()

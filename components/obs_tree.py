@@ -1,18 +1,20 @@
-"""Dict and Tuple observations as a tree of leaves, carried as one packed byte row.
+"""Dict and Tuple observations as a tree of leaves, carried between processes as one packed byte row.
 
 A nested observation (an image plus proprioception, a goal-conditioned
 task, ``Blackjack-v1``'s tuple) is a tree of leaves, each a name, a shape, a
 dtype and what its values mean (a :class:`ObsLeaf`). The data plane (request
-slots, chunks, Ray hosts, replay in memory and on disk) moves every
-observation as one ``uint8`` row of the tree's packed size: each leaf sits at
-a fixed, 8-byte-aligned offset, written there once by the env block (one
-numpy assignment per leaf per env) and read back as a view of its own dtype
-and shape. So the slot, chunk and replay code paths are the one-leaf ones,
-untouched and as fast, and every leaf arrives bit for bit: nothing is cast
-to a common dtype. Models unpack the row with :func:`leaf_tensors` (views,
-no copy) or :func:`observation_tree` (a nested ``TensorDict``). RLlib's
-flattening preprocessor took the same road, with floats; bytes keep integers
-and images exact.
+slots, chunks, Ray hosts) moves every observation as one ``uint8`` row of
+the tree's packed size: each leaf sits at a fixed, 8-byte-aligned offset,
+written there once by the env block (one numpy assignment per leaf per env)
+and read back as a view of its own dtype and shape. So the slot and chunk
+code paths are the one-leaf ones, untouched and as fast, and every leaf
+arrives bit for bit: nothing is cast to a common dtype (RLlib's flattening
+preprocessor took the same road, with floats; bytes keep integers and
+images exact). Past the data plane every reader sees the tree:
+:func:`nest_observations` turns a batch's packed fields into nested
+``TensorDict`` keys and :func:`model_observation` does the same for what a
+server hands its model (views, no copy), so trainers, replay and models
+read ``("observation", "image")``, never the bytes.
 
 Only numpy is imported at module level: env worker processes use it too.
 """
@@ -243,6 +245,42 @@ def observation_tree(leaves: Sequence[ObsLeaf], packed: Any) -> Any:
     for leaf, value in zip(leaves, leaf_tensors(leaves, packed)):
         tree[leaf.key] = value
     return tree
+
+
+def model_observation(leaves: Sequence[ObsLeaf], obs: Any) -> Any:
+    """What a model reads: packed rows (a tensor or a numpy view of a slot) as a nested ``TensorDict`` of
+    leaf views for a tree, ``obs`` itself for a one-leaf env (``leaves`` empty)."""
+    if not leaves:
+        return obs
+    import torch
+
+    return observation_tree(leaves, torch.as_tensor(obs))
+
+
+#: the batch fields that hold observations (a transition's and its successor's)
+OBSERVATION_KEYS = ("observation", ("next", "observation"))
+
+
+def nest_observations(batch: Any, leaves: Sequence[ObsLeaf]) -> Any:
+    """``batch`` with its packed observation fields replaced by nested ``TensorDict``s of their leaves.
+
+    Views of the packed rows, no copy: the data plane moves one byte row per
+    observation, and every reader past the collector (trainers, replay, a
+    ``post_collect_hook``, a user's model) sees each leaf under its own key,
+    ``("observation", "image")``, ``("next", "observation", "0")``.
+    """
+    if leaves:
+        present = batch.keys(include_nested=True)
+        for key in OBSERVATION_KEYS:
+            value = batch.get(key) if key in present else None
+            if value is not None and not hasattr(value, "batch_size"):  # a tensor of packed rows, not yet a tree
+                batch.set(key, observation_tree(leaves, value))
+    return batch
+
+
+def tree_leaves_of(spec: Any) -> tuple[ObsLeaf, ...]:
+    """The leaves a spec's observations are nested into (empty for a one-leaf env or no spec)."""
+    return tuple(spec.obs_leaves) if spec is not None and getattr(spec, "is_tree", False) else ()
 
 
 _TORCH_DTYPES: dict[str, Any] = {}

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from components.obs_tree import ObsLeaf, model_observation
+
 #: the batch's non-tensor entry holding the :class:`CutSuccessors` of a batch without dense successors
 CUT_SUCCESSORS_KEY = "cut_successors"
 #: ``env_index * _ENV_SPAN + env_step`` orders transitions by env, then step (steps stay far below 2**40)
@@ -44,8 +46,10 @@ class CutSuccessors:
     """
 
     def __init__(self, env_index: torch.Tensor, env_step: torch.Tensor,
-                 observation: torch.Tensor | Sequence[torch.Tensor]) -> None:
+                 observation: torch.Tensor | Sequence[torch.Tensor], leaves: Sequence[ObsLeaf] = ()) -> None:
         self.env_index, self.env_step = env_index, env_step
+        #: a Dict/Tuple observation's leaves: lookups nest the packed rows as the batch's observations are
+        self.leaves = tuple(leaves)
         self.pieces = (observation,) if isinstance(observation, torch.Tensor) else tuple(observation)
         sizes = [int(p.shape[0]) for p in self.pieces]
         if sum(sizes) != int(env_index.shape[0]) or env_step.shape != env_index.shape:
@@ -75,7 +79,7 @@ class CutSuccessors:
         for p in piece.unique().tolist():
             mine = (piece == p).nonzero().squeeze(1)
             out[mine] = self.pieces[p][rows[mine] - self._starts[p]]
-        return out
+        return model_observation(self.leaves, out)
 
 
 def reads_every_row(*, replay: bool, postproc: bool, hook: bool, trajectories: bool) -> bool:
@@ -103,10 +107,10 @@ def successor_observations(batch: Any, rows: torch.Tensor) -> torch.Tensor:
 
 
 def cut_table(pieces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], shape: tuple[int, ...],
-              dtype: torch.dtype) -> CutSuccessors:
+              dtype: torch.dtype, leaves: Sequence[ObsLeaf] = ()) -> CutSuccessors:
     """One table from per-chunk-piece ``(env_index, env_step, observation)`` (observations of ``shape``, ``dtype``)."""
     if not pieces:
         return CutSuccessors(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
-                             torch.zeros((0, *shape), dtype=dtype))
+                             torch.zeros((0, *shape), dtype=dtype), leaves)
     env, step, obs = zip(*pieces)
-    return CutSuccessors(torch.cat(env), torch.cat(step), obs)
+    return CutSuccessors(torch.cat(env), torch.cat(step), obs, leaves)

@@ -98,9 +98,11 @@ class TensorDictPolicy(nn.Module):
         return f"the TensorDictModule writes no {', '.join(repr(k) for k in missing)}; trainer={trainer} needs it"
 
     def _tensordict(self, obs: torch.Tensor) -> Any:
-        from tensordict import TensorDict
+        from tensordict import TensorDict, TensorDictBase
 
-        value = observation_tree(self.spec.obs_leaves, obs) if self.spec.is_tree else obs
+        # a tree arrives nested (batches, the server); packed rows are nested here for any other caller
+        value = obs if isinstance(obs, TensorDictBase) or not self.spec.is_tree else observation_tree(
+            self.spec.obs_leaves, obs)
         return TensorDict({"observation": value}, batch_size=obs.shape[:1], device=obs.device)
 
     @property

@@ -474,6 +474,25 @@ class TreeEnvFactory:
         return TreeEnv(self.kind, self.mask, self.n, self.empty_mask_at)
 
 
+class TreeReader(TinyActorCritic):
+    """A user's model of :class:`TreeEnv`'s Dict: it reads leaves by key (``obs["goal"]``), so it works only if
+    every caller (server, inline worker, trainer, evaluation) hands it the nested observation."""
+
+    def __init__(self, spec, width: int = 16) -> None:  # noqa: ANN001
+        torch.nn.Module.__init__(self)
+        self.n = spec.action_n
+        self.body = torch.nn.Sequential(torch.nn.Linear(self.n + 5, width), torch.nn.Tanh())
+        self.logits, self.critic = torch.nn.Linear(width, spec.action_n), torch.nn.Linear(width, 1)
+
+    def _heads(self, obs) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        goal = torch.nn.functional.one_hot(obs["goal"].long(), self.n).float()
+        x = self.body(torch.cat([goal, obs["state"].float(), obs["flags"].float()], -1))
+        logits = self.logits(x)
+        if "action_mask" in obs.keys():
+            logits = logits.masked_fill(obs["action_mask"] == 0, -1e8)
+        return logits, self.critic(x).squeeze(-1)
+
+
 def tree_consistent(leaves: dict[str, np.ndarray]) -> np.ndarray:
     """Per row, whether the unpacked leaves of :class:`TreeEnv` (dict kind) are one observation, bit for bit."""
     t, g = leaves["state"][..., 0], leaves["goal"]

@@ -12,10 +12,11 @@ import torch
 from components.action_masks import with_masks
 from components.collector.env_block import EnvBlock
 from components.envs import EnvConfigError, EnvSpec
-from components.models import ActorCritic, QNetwork
-from components.obs_tree import leaf_tensors, observation_tree, pack, tree_leaves, unpack
+from components.models import ActorCritic, ModelSpec, QNetwork
+from components.obs_tree import leaf_tensors, nest_observations, observation_tree, pack, tree_leaves, unpack
 from tests.conftest import run_pipeline
 from tests.fakes import TreeEnv, TreeEnvFactory, tree_consistent
+from tests.test_spaces import PLACEMENTS, collect
 
 
 def _spec(kind: str = "dict", mask: str | None = None) -> tuple[object, EnvSpec]:
@@ -115,7 +116,9 @@ def test_a_leaf_off_its_space_is_named() -> None:
     block.close()
 
 
-def test_replay_keeps_every_leaf(tmp_path: Path) -> None:
+def test_replay_keeps_every_leaf_as_its_own_key(tmp_path: Path) -> None:
+    from tensordict import TensorDict
+
     from components.replay.buffer import ReplayBuffer
     from components.replay.storage import TensorStorage
 
@@ -124,8 +127,6 @@ def test_replay_keeps_every_leaf(tmp_path: Path) -> None:
     obs = np.zeros((2, *spec.obs_shape), np.uint8)
     block.reset(obs)
     rows = block.empty_rows()
-    from tensordict import TensorDict
-
     for storage in ("memory", "disk"):
         path = tmp_path / "replay" if storage == "disk" else None
         buffer = ReplayBuffer(TensorStorage(64, path=path))
@@ -135,13 +136,35 @@ def test_replay_keeps_every_leaf(tmp_path: Path) -> None:
             batch = TensorDict({"observation": torch.from_numpy(acted), "action": torch.zeros(2, dtype=torch.int64),
                                 "next": TensorDict({k.split(".", 1)[1]: torch.from_numpy(v.copy())
                                                     for k, v in rows.items()}, batch_size=[2])}, batch_size=[2])
-            buffer.extend(batch)
+            buffer.extend(nest_observations(batch, spec.obs_leaves))
         sample = buffer.sample(16)
         for key in ("observation", ("next", "observation")):
-            leaves = {leaf.name: value.numpy() for leaf, value in
-                      zip(spec.obs_leaves, leaf_tensors(spec.obs_leaves, sample[key]))}
-            assert tree_consistent(leaves).all(), storage
+            assert tree_consistent({leaf.name: sample[key][leaf.key].numpy() for leaf in spec.obs_leaves}).all()
+            assert sample[key]["state"].dtype == torch.float64 and sample[key]["goal"].dtype == torch.int64
+        if storage == "disk":  # one file per leaf
+            assert (tmp_path / "replay" / "next" / "observation" / "flags.memmap").exists()
     block.close()
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_batches_carry_every_leaf_under_its_own_key_and_models_read_them_by_name(placement: str) -> None:
+    """A model that reads ``obs["goal"]`` acts in the server (or inline) and its batches hold nested leaves."""
+    from tensordict import TensorDictBase
+
+    factory = with_masks(TreeEnvFactory("dict", "obs"), "action_mask")
+    spec = EnvSpec.from_env(factory())
+    batches = collect(factory, ModelSpec("tests.fakes.TreeReader", {"width": 8}), PLACEMENTS[placement], seed=3)
+    for batch in batches:
+        for key in ("observation", ("next", "observation")):
+            tree = batch[key]
+            assert isinstance(tree, TensorDictBase), key
+            assert sorted(tree.keys()) == sorted(leaf.name for leaf in spec.obs_leaves)
+            for leaf in spec.obs_leaves:
+                assert tuple(tree[leaf.key].shape[1:]) == leaf.shape and str(tree[leaf.key].dtype).endswith(leaf.dtype)
+            assert tree_consistent({leaf.name: tree[leaf.key].numpy() for leaf in spec.obs_leaves}).all(), key
+    model = ModelSpec("tests.fakes.TreeReader", {"width": 8}).build(spec)
+    log_prob, _, value = model.evaluate(batches[0]["observation"], batches[0]["action"])  # as the trainer calls it
+    assert log_prob.shape == value.shape == (32,)
 
 
 def _metrics(run_root: Path) -> list[dict]:
@@ -172,3 +195,41 @@ def test_dqn_trains_with_masks(tmp_path: Path) -> None:
                          "trainer.learning_starts=500", f"hydra.run.dir={tmp_path}/run"], tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_every_built_in_model_reads_the_nested_observation_as_it_reads_packed_rows() -> None:
+    """SAC's actor and critics, the recurrent actor-critic and the Q-network: same outputs from either form."""
+    import gymnasium as gym
+
+    from components.obs_tree import model_observation
+    from components.recurrent import RecurrentActorCritic, zero_state
+    from components.sac_models import SquashedGaussianActor, TwinQ
+
+    class Reach:
+        observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "goal": gym.spaces.Discrete(3)})
+        action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    box = EnvSpec.from_env(Reach())
+    _, discrete = _spec("dict", "obs")
+    rows = np.stack([pack(box.obs_leaves, {"pos": np.float32([0.5, -0.25]) * k, "goal": k % 3}) for k in range(4)])
+    packed = torch.from_numpy(rows)
+    tree = model_observation(box.obs_leaves, packed)
+    torch.manual_seed(0)
+    actor, critic = SquashedGaussianActor(box, hidden=(8,)), TwinQ(box, hidden=(8,))
+    action = torch.zeros(4, 2)
+    assert torch.equal(actor(tree)[0], actor(packed)[0]) and torch.equal(critic(tree, action), critic(packed, action))
+    factory, _ = _spec("dict", "obs")
+    env = factory()
+    rows = np.stack([pack(discrete.obs_leaves, env.reset(seed=k)[0]) for k in range(4)])
+    packed = torch.from_numpy(rows)
+    tree = model_observation(discrete.obs_leaves, packed)
+    recurrent = RecurrentActorCritic(discrete, hidden=(8,), rnn="gru", rnn_hidden=4)
+    state = zero_state(recurrent, 4)
+    first = torch.ones(4, dtype=torch.bool)
+    greedy = torch.ones(4, dtype=torch.int8)
+    out = recurrent.act({"observation": tree, **state, "is_first": first}, greedy)
+    assert torch.equal(out["action"], recurrent.act({"observation": packed, **state, "is_first": first}, greedy)["action"])
+    allowed = tree["action_mask"].bool()
+    assert allowed[torch.arange(4), out["action"]].all()
+    q = QNetwork(discrete, hidden=(8,))
+    assert torch.equal(q(tree), q(packed))

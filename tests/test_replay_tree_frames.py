@@ -1,4 +1,4 @@
-"""Frame dedup for the image leaves of Dict observations: rows come back byte for byte from about a frame a step."""
+"""Frame dedup for the image leaves of Dict observations: every leaf comes back bit for bit from about a frame a step."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import torch
 from tensordict import TensorDict
 
 from components.envs import EnvSpec
-from components.obs_tree import frame_leaves, leaf_tensors, pack, tree_leaves
+from components.obs_tree import frame_leaves, nest_observations, pack, tree_leaves
 from components.replay.buffer import ReplayBuffer
 from components.replay.nstep import NStepReturns
-from components.replay.storage import TensorStorage
-from components.replay.tree_frames import TreeFrameStorage
+from components.replay.frames import FrameStackStorage, tree_frame_keys
 from pipeline.plan import Machine, resolve_plan
 from pipeline.plan.render import plan_lines
 from pipeline.plan.validate import ConfigError
@@ -28,7 +27,7 @@ CPU_MACHINE = Machine(cpus=2, cuda=False)
 
 
 def dict_stream(num_envs: int, steps: int, *, extra_image: bool = False) -> tuple[TensorDict, tuple]:
-    """Transitions of ``num_envs`` :class:`PixelsDictEnv` interleaved time-major, observations as packed rows."""
+    """Transitions of ``num_envs`` :class:`PixelsDictEnv` interleaved time-major, observations nested as batches are."""
     envs = [PixelsDictEnv(e, 4, extra_image) for e in range(num_envs)]
     leaves, _ = tree_leaves(envs[0].observation_space)
     obs = [env.reset()[0] for env in envs]
@@ -39,95 +38,76 @@ def dict_stream(num_envs: int, steps: int, *, extra_image: bool = False) -> tupl
             for key, value in zip(out, (pack(leaves, obs[e]), pack(leaves, nxt), reward, term, trunc, e, t)):
                 out[key].append(value)
             obs[e] = env.reset()[0] if term or trunc else nxt
-    return stream_tensordict(out), leaves
+    return nest_observations(stream_tensordict(out), leaves), leaves
 
 
-def assert_consistent(got: TensorDict, leaves: tuple) -> None:
-    """Every packed row read back holds the frames its own clock leaf names (checks the split, not the stream)."""
-    images = {leaf.name: v for leaf, v in zip(leaves, leaf_tensors(leaves, got["observation"]))}
-    assert pixels_consistent(images["pixels"].numpy(), images["clock"].numpy()).all()
+def assert_consistent(got: TensorDict, key: str | tuple = "observation") -> None:
+    """Every observation read back holds the frames its own clock leaf names (checks the frames, not the stream)."""
+    obs = got[key]
+    assert pixels_consistent(obs["pixels"].numpy(), obs["clock"].numpy()).all()
 
 
-@pytest.mark.parametrize("storage", ["memory", "disk"])
+def storage(leaves: tuple, capacity: int, **kwargs) -> FrameStackStorage:
+    return FrameStackStorage(capacity, frame_keys=tree_frame_keys(leaves), **kwargs)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
 @pytest.mark.parametrize("batch_size", [1, 7, 300])
-def test_packed_rows_come_back_byte_for_byte_from_about_a_frame_a_transition(tmp_path: Path, storage: str,
-                                                                              batch_size: int) -> None:
+def test_every_leaf_comes_back_bit_for_bit_from_about_a_frame_a_transition(tmp_path: Path, where: str,
+                                                                            batch_size: int) -> None:
     stream, leaves = dict_stream(num_envs=5, steps=60)
     assert stream["next", "done"].sum() > 20  # many episode starts inside the stacks
-    s = TreeFrameStorage(1000, leaves, path=tmp_path / "rb" if storage == "disk" else None)
-    assert [leaf.name for leaf in s.frame_leaves] == ["pixels"]
+    assert tree_frame_keys(leaves) == [("observation", "pixels"), ("next", "observation", "pixels")]
+    s = storage(leaves, 1000, path=tmp_path / "rb" if where == "disk" else None)
     for batch in batches(stream, batch_size):
         s.extend(batch)
     n = stream.batch_size[0]
     got = s.get(torch.arange(n))
     assert_rebuilt_exactly(got, stream)
-    assert_consistent(got, leaves)
+    assert_consistent(got)
     # one new frame per step plus each episode's first: far below the 8 a transition holds
     episodes = int(stream["next", "done"].sum()) + 5
     assert s.frames_written == n + episodes
-    assert s.nbytes < 0.25 * s.capacity * s.naive_bytes_per_transition
+    whole = 2 * (4 * 36 * 36 + 8)  # both observations stored as they are
+    assert s.nbytes < 0.25 * s.capacity * whole
+    if where == "disk":  # the clock leaves are files of their own beside the frame pool
+        assert (tmp_path / "rb" / "transitions" / "observation" / "clock.memmap").exists()
 
 
 def test_n_step_transitions_and_prioritised_sampling_read_exact_rows() -> None:
     stream, leaves = dict_stream(num_envs=3, steps=80)
-    buffer = ReplayBuffer(TreeFrameStorage(400, leaves), sampler="prioritized", seed=0)
+    buffer = ReplayBuffer(storage(leaves, 400), sampler="prioritized", seed=0)
     nstep = NStepReturns(3, 0.99)
     for batch in batches(stream, 48):
         buffer.extend(nstep(batch))
     sample = buffer.sample(256)
-    assert_consistent(sample, leaves)
-    nxt = {leaf.name: v for leaf, v in zip(leaves, leaf_tensors(leaves, sample["next", "observation"]))}
-    assert pixels_consistent(nxt["pixels"].numpy(), nxt["clock"].numpy()).all()
+    assert_consistent(sample)
+    assert_consistent(sample, ("next", "observation"))
+    assert bool((sample["next", "n_steps"] > 1).any())
 
 
-def test_a_disk_storage_reopens_from_its_state_and_refuses_another_layout(tmp_path: Path) -> None:
+def test_a_disk_storage_reopens_from_its_state(tmp_path: Path) -> None:
     stream, leaves = dict_stream(num_envs=4, steps=30)
-    s = TreeFrameStorage(200, leaves, path=tmp_path / "rb")
+    s = storage(leaves, 200, path=tmp_path / "rb")
     s.extend(stream)
     state = s.state_dict()
-    assert isinstance(state["rows"]["layout"], list)  # where a resume checks the file names
-    reopened = TreeFrameStorage(200, leaves, path=tmp_path / "rb")
+    assert ["observation", "clock"] in [entry[0] for entry in state["rows"]["layout"]]  # names a resume checks
+    reopened = storage(leaves, 200, path=tmp_path / "rb")
     reopened.load_state_dict(state)
     assert_rebuilt_exactly(reopened.get(torch.arange(len(reopened))), stream)
-    other, _ = tree_leaves(PixelsDictEnv(0, 2).observation_space)
-    with pytest.raises(ValueError, match="this state_dict splits rows of"):
-        TreeFrameStorage(200, other, path=tmp_path / "rb2").load_state_dict(state)
-    with pytest.raises(ValueError, match="not of split packed rows"):
-        TreeFrameStorage(200, leaves).load_state_dict(TensorStorage(200).state_dict())
 
 
 def test_an_image_leaf_of_another_shape_is_stored_whole_and_still_exact() -> None:
     stream, leaves = dict_stream(num_envs=2, steps=40, extra_image=True)
-    s = TreeFrameStorage(100, leaves)
-    assert [leaf.name for leaf in s.frame_leaves] == ["pixels"]  # "map" (1x40x40) is not shaped like the largest image
+    assert [leaf.name for leaf in frame_leaves(leaves)] == ["pixels"]  # "map" (1x40x40) is not the largest's shape
+    s = storage(leaves, 100)
     s.extend(stream)
     assert_rebuilt_exactly(s.get(torch.arange(len(s))), stream)
 
 
-def test_an_observation_that_is_only_its_image_leaf() -> None:
-    import gymnasium as gym
-
-    leaves, _ = tree_leaves(gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)}))
-    frames = np.arange(6 * 36 * 36, dtype=np.int64).astype(np.uint8).reshape(6, 36, 36)
-    obs = np.stack([pack(leaves, {"pixels": frames[i:i + 2]}) for i in range(5)])
-    batch = TensorDict({"observation": torch.from_numpy(obs[:4]),
-                        "next": {"observation": torch.from_numpy(obs[1:])}}, [4])
-    s = TreeFrameStorage(8, leaves)
-    s.extend(batch)
-    assert s.frames_written == 6  # frames 0..5, where the stacks hold 16
-    assert torch.equal(s.get(torch.arange(4))["next", "observation"], batch["next", "observation"])
-
-
-def test_storage_refuses_trees_without_an_image_and_rows_of_another_size() -> None:
+def test_a_tree_without_an_image_leaf_has_no_frame_keys() -> None:
     tree, _ = tree_leaves(TreeEnv("dict").observation_space)  # its frame leaf is 2x3x3: not an image
-    assert frame_leaves(tree) == ()
-    with pytest.raises(ValueError, match="no image leaf"):
-        TreeFrameStorage(10, tree)
-    _, leaves = dict_stream(1, 1)
-    bad = TensorDict({"observation": torch.zeros(2, 8, dtype=torch.uint8),
-                      "next": {"observation": torch.zeros(2, 8, dtype=torch.uint8)}}, [2])
-    with pytest.raises(ValueError, match=r"expected packed rows uint8 \[2, \d+\], got uint8 \[2, 8\]"):
-        TreeFrameStorage(10, leaves).extend(bad)
+    assert frame_leaves(tree) == () and tree_frame_keys(tree) == []
 
 
 def test_the_plan_dedups_a_dict_image_leaf_and_says_so() -> None:
@@ -162,3 +142,17 @@ def test_dqn_on_a_dict_with_pixels_stores_frames_once_on_disk(tmp_path: Path) ->
     assert stored < 2000 * 2 * 4 * 36 * 36 / 20
     rows = [json.loads(line) for line in next(run.rglob("metrics.jsonl")).read_text().splitlines() if line.strip()]
     assert any("train/loss" in r for r in rows)
+
+
+def test_a_dict_key_that_cannot_name_a_file_is_one_line_for_a_disk_replay_only() -> None:
+    import gymnasium as gym
+
+    class Spaced:
+        observation_space = gym.spaces.Dict({"joint angles": gym.spaces.Box(-1, 1, (3,), np.float32)})
+        action_space = gym.spaces.Discrete(2)
+
+    spec = EnvSpec.from_env(Spaced())
+    with pytest.raises(ConfigError, match=r"^replay.storage=disk: the observation's Dict key 'joint angles' cannot "
+                                          r"name a file \(letters, digits, _, \. and - only\)"):
+        resolve_plan(compose("trainer=dqn", "replay=uniform", "replay.storage=disk"), CPU_MACHINE, spec)
+    assert resolve_plan(compose("trainer=dqn", "replay=uniform"), CPU_MACHINE, spec).frame_dedup is False

@@ -124,6 +124,17 @@ PLACEMENTS = {
 }
 
 
+def collect(factory, model_spec, graph, seed: int = 4) -> list:  # noqa: ANN001
+    """96 transitions in batches of 32 through ``graph``; the collector is shut down whatever happens."""
+    collector = AsyncBatchedCollector(factory, model_spec, graph, frames_per_batch=32, total_frames=96, seed=seed).start()
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    assert sum(b.numel() for b in batches) == 96
+    return batches
+
+
 @pytest.mark.parametrize(("placement", "obs", "act"), [
     *((p, o, a) for p in PLACEMENTS for o, a in [("discrete", "multi_discrete")]),
     ("thread/thread", "multi_discrete", "multi_discrete"), ("process/inline", "multi_discrete", "multi_discrete"),
@@ -133,13 +144,7 @@ def test_every_flat_space_is_collected_in_every_placement_intact(placement, obs,
     """The env raises on an action off its space, so a wrong dtype or range from any placement fails the run."""
     factory = MatchEnvFactory(obs, act)
     spec = EnvSpec.from_env(factory())
-    collector = AsyncBatchedCollector(factory, ModelSpec("components.models.ActorCritic", {"hidden": [8]}),
-                                      PLACEMENTS[placement], frames_per_batch=32, total_frames=96, seed=4).start()
-    try:
-        batches = list(collector)
-    finally:
-        collector.shutdown()
-    assert sum(b.numel() for b in batches) == 96
+    batches = collect(factory, ModelSpec("components.models.ActorCritic", {"hidden": [8]}), PLACEMENTS[placement])
     for batch in batches:
         assert batch["observation"].shape[1:] == spec.obs_shape and batch["action"].shape[1:] == spec.action_shape
         assert str(batch["action"].dtype).endswith(spec.action_dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,18 +20,25 @@ import torch
 
 from components.collector.batch_memory import BatchMemory
 from components.collector.chunks import ChunkPool
+from components.obs_tree import ObsLeaf, observation_tree
 from components.successors import CutSuccessors, cut_table
 
 
-def nest(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``{"next.reward": t}`` -> ``{"next": {"reward": t}}``."""
+def nest(flat: Mapping[str, torch.Tensor], obs_leaves: Sequence[ObsLeaf] = ()) -> dict[str, Any]:
+    """``{"next.reward": t}`` -> ``{"next": {"reward": t}}``.
+
+    ``obs_leaves``: a Dict/Tuple observation's leaves; its packed
+    ``observation`` fields become nested ``TensorDict``s of leaf views
+    (:func:`~components.obs_tree.observation_tree`), as every reader past
+    the collector sees them.
+    """
     out: dict[str, Any] = {}
     for key, value in flat.items():
         node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = value
+        node[leaf] = observation_tree(obs_leaves, value) if obs_leaves and leaf == "observation" else value
     return out
 
 
@@ -54,8 +61,10 @@ class BatchAssembler:
     """
 
     def __init__(self, pool: ChunkPool, next_chunk: Callable[[], int],
-                 ready_chunk: Callable[[], int | None] | None = None, early_copy_bytes: int = EARLY_COPY_BYTES) -> None:
+                 ready_chunk: Callable[[], int | None] | None = None, early_copy_bytes: int = EARLY_COPY_BYTES,
+                 obs_leaves: Sequence[ObsLeaf] = ()) -> None:
         self._pool = pool
+        self._obs_leaves = tuple(obs_leaves)
         self._early_copy_bytes = early_copy_bytes
         self._next_chunk = next_chunk
         #: the next complete chunk id if one is ready now, else None (never blocks)
@@ -100,7 +109,7 @@ class BatchAssembler:
                 self._carry = (gid, start + take)
         self._copy(pending, out, pos)
         if self._cut is not None:
-            self.cut_successors = cut_table(self._cut_pieces, *self._stream_row)
+            self.cut_successors = cut_table(self._cut_pieces, *self._stream_row, leaves=self._obs_leaves)
             self._cut_pieces = []
         return out
 

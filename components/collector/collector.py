@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 from components.collector.assembly import BatchAssembler, nest
 from components.collector.chunks import ChunkPool
@@ -83,7 +84,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
     batches and gives the successors of cut trajectories only
     (:mod:`components.successors`, for a trainer like PPO that
     reads no other; kept dense when replay, a post-processor, a hook or
-    trajectory grouping reads the batches).
+    trajectory grouping reads the batches). A Dict/Tuple observation's leaves are nested keys of the
+    batch (views of the packed rows); ``nest_trees=False`` keeps the rows (a Ray host: its driver nests).
 
     Example::
 
@@ -127,6 +129,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         driver_affinity: Sequence[int] | None = None,
         lockstep: bool = False,
         dense_successors: bool = True,
+        nest_trees: bool = True,
     ) -> None:
         super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, initial_frames=initial_frames,
                          replay_buffer=replay_buffer, postproc=postproc, on_batch=on_batch,
@@ -156,6 +159,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self.dense_successors = dense_successors or reads_every_row(
             replay=replay_buffer is not None, postproc=postproc is not None, hook=post_collect_hook is not None,
             trajectories=bool(yield_completed_trajectories))
+        self._obs_leaves = self.env_spec.obs_leaves if nest_trees else ()  # a one-leaf env's are ()
         self._initial_version = int(policy_version)
         self._driver_affinity = list(driver_affinity) if driver_affinity else None
         self._mp = mp.get_context("spawn")
@@ -172,7 +176,8 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
                server_step_timeout: float | None, lockstep: bool) -> None:
         g = self.graph
         served = self.model_spec.build(self.env_spec).eval()
-        self.layout = derive_layout(served, self.env_spec.observation_field(), self.env_spec.zero_observation())
+        self.layout = derive_layout(served, self.env_spec.observation_field(), self.env_spec.zero_observation(),
+                                    self.env_spec.obs_leaves)
         rows = self._rows = g.worker_rows()
         worker_ctx: Any = self._mp if g.workers == "process" else threading
         server_ctx: Any = self._mp if g.server == "process" else threading
@@ -183,7 +188,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
             ctx=worker_ctx, stream=None if g.concurrent_envs else "observation",
             dense_successor=self.dense_successors,
         )
-        self._assembler = BatchAssembler(self._pool, self._next_chunk)
+        self._assembler = BatchAssembler(self._pool, self._next_chunk, obs_leaves=self._obs_leaves)
         self._control = WorkerControl(len(rows))
         self._lockstep = Lockstep(self._control.granted, g.num_envs, self._initial_version) if lockstep else None
         # One request slot per block; a worker owns ``splits`` of them.
@@ -195,10 +200,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self._slots, self.server, self._channels = self._server_side(self._initial_version)
         self.workers: Any = (ProcessWorkers(self._mp, g.worker_nice, g.worker_threads) if g.workers == "process"
                              else ThreadWorkers(self._driver_affinity))
-        spans, first = [], 0
-        for r in rows:
-            spans.append((first, first + r - 1))
-            first += r
+        spans = [(sum(rows[:i]), sum(rows[:i + 1]) - 1) for i in range(len(rows))]  # each worker's first, last env
         self._monitor = GraphMonitor(self._control, self.workers, self.server, spans, stall_timeout, step_timeout,
                                      server_step_timeout)
 
@@ -319,8 +321,6 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
 
     def next_batch(self, frames: int | None = None) -> Any:
         """Assemble the next batch of ``frames`` transitions (default ``frames_per_batch``)."""
-        from tensordict import TensorDict
-
         n = frames or self.frames_per_batch
         version = self._lockstep.grant(n) if self._lockstep is not None else None
         flat = self._assembler.next_batch(n)
@@ -332,7 +332,7 @@ class AsyncBatchedCollector(GraphRepair, BatchStream):
         self._monitor.check_health()
         if self.reset_at_each_iter:
             self._control.reset_epoch[0] += 1
-        batch = TensorDict(nest(flat), batch_size=[n])
+        batch = TensorDict(nest(flat, self._obs_leaves), batch_size=[n])
         if self._assembler.cut_successors is not None:
             batch.set_non_tensor(CUT_SUCCESSORS_KEY, self._assembler.cut_successors)
         return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)

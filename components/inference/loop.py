@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from components.inference.serving import ENGINES, serving_engine
 from components.inference.stats import ServerStats, now
 from components.inference.transport import POLICY_VERSION, InferenceTransport, Pending
+from components.obs_tree import ObsLeaf
 
 #: What the serve loop is doing now, by code (the ``activity`` of a :class:`ServerPulse`).
 SERVER_ACTIVITIES = ("starting", "waiting for requests", "running a forward pass", "applying new weights")
@@ -132,11 +134,12 @@ class ServeLoop:
         on_version: Any = None,
         version: int = 0,
         pulse: ServerPulse | None = None,
+        obs_leaves: Sequence[ObsLeaf] = (),
     ) -> None:
         self.model = model
         self.pulse = pulse or ServerPulse()
         self.served = serving_engine(model, config.engine, config.device, "cpu", config.seed,
-                                     config.static_batch_size)
+                                     config.static_batch_size, obs_leaves)
         self.transport = transport
         self.config = config
         self.stats = stats

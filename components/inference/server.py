@@ -126,7 +126,7 @@ def _server_main(
 
         pulse = ServerPulse(control.array("progress"), control.array("beats"), control.array("activity"))
         loop = ServeLoop(net, transport, config, stats, weights_source=weights, on_version=on_version,
-                         version=version, pulse=pulse)
+                         version=version, pulse=pulse, obs_leaves=getattr(env_spec, "obs_leaves", ()))
         loop.poll_weights()  # weights pushed before we started act from the first request
         if placement == "process":
             report_pools("infer-server")

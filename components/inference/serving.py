@@ -11,6 +11,7 @@ whenever new weights are applied, so both engines serve the same policy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from torch import nn
 from components.kinds import EngineKind
 from components.inference.numpy_engine import NumpyActorCriticEngine, NumpyQNetworkEngine
 from components.models import ActorCritic, CategoricalHead, GaussianHead, QNetwork
+from components.obs_tree import ObsLeaf, model_observation
 
 ENGINES = EngineKind.words()
 
@@ -34,13 +36,18 @@ class TorchEngine:
     one event wait per batch (no device-wide synchronisation).
     ``static_batch_size`` pads every batch to that many rows and replays a
     CUDA graph captured on first use, removing per-op launch costs.
+    ``obs_leaves``: a Dict/Tuple observation's leaves; the packed rows the
+    slots hold reach the model as a nested ``TensorDict`` of leaf views
+    (:func:`~components.obs_tree.model_observation`), as batches reach the
+    trainer.
     """
 
     name = "torch"
 
     def __init__(self, model: Any, device: str = "cpu", output_device: str = "cpu",
-                 static_batch_size: int | None = None) -> None:
+                 static_batch_size: int | None = None, obs_leaves: Sequence[ObsLeaf] = ()) -> None:
         self.model = model
+        self._leaves = tuple(obs_leaves)
         self._device = torch.device(device)
         self._output_device = torch.device(output_device)
         self._cuda = self._device.type == "cuda"
@@ -66,7 +73,7 @@ class TorchEngine:
         if not self._cuda:
             tensors = {k: torch.as_tensor(v) for k, v in inputs.items()}
             with torch.no_grad():
-                out = self.model.act(tensors, torch.as_tensor(modes))
+                out = self._act(tensors, torch.as_tensor(modes))
             if self._device != self._output_device:
                 out = {k: v.to(self._output_device) for k, v in out.items()}
             return out
@@ -77,7 +84,7 @@ class TorchEngine:
             if self._static_batch is not None and n <= self._static_batch:
                 out = self._replay(device_in, device_modes, n)
             else:
-                out = self.model.act(device_in, device_modes)
+                out = self._act(device_in, device_modes)
         host = {}
         for key, value in out.items():
             buf = self._pinned_out(key, value, n)
@@ -87,6 +94,11 @@ class TorchEngine:
         done.record()
         done.synchronize()
         return host
+
+    def _act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._leaves:  # views of the packed rows (in a captured graph: of its static input buffer)
+            inputs = {**inputs, "observation": model_observation(self._leaves, inputs["observation"])}
+        return self.model.act(inputs, modes)
 
     def _pinned_out(self, key: str, value: torch.Tensor, n: int) -> torch.Tensor:
         name = "__out__" + key
@@ -116,11 +128,11 @@ class TorchEngine:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the graph, as CUDA graphs require
             for _ in range(3):
-                self.model.act(static_inputs, self._static_in["__modes__"])
+                self._act(static_inputs, self._static_in["__modes__"])
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._static_out = self.model.act(static_inputs, self._static_in["__modes__"])
+            self._static_out = self._act(static_inputs, self._static_in["__modes__"])
         self._graph = graph
 
     def refresh(self) -> None:
@@ -230,9 +242,12 @@ class NumpyQNetwork(NumpyQNetworkEngine):
 
 def serving_engine(
     model: Any, engine: str, device: str = "cpu", output_device: str = "cpu", seed: int | None = None,
-    static_batch_size: int | None = None,
+    static_batch_size: int | None = None, obs_leaves: Sequence[ObsLeaf] = (),
 ) -> Any:
-    """The engine whose ``act`` the server calls (``.name`` says which)."""
+    """The engine whose ``act`` the server calls (``.name`` says which).
+
+    ``obs_leaves``: a Dict/Tuple observation's leaves (see :class:`TorchEngine`).
+    """
     if engine not in ENGINES:
         raise ValueError(f"unknown serving engine {engine!r} (allowed: {', '.join(ENGINES)})")
     if engine != "torch":
@@ -243,4 +258,4 @@ def serving_engine(
             raise ValueError(f"server.engine=numpy: {reason}")
     if not isinstance(model, torch.nn.Module):  # an object with its own act(): served as is
         return model
-    return TorchEngine(model, device, output_device, static_batch_size)
+    return TorchEngine(model, device, output_device, static_batch_size, obs_leaves)

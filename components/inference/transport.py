@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from components.obs_tree import ObsLeaf, model_observation
 from components.shm import FieldSpec
 
 #: Key under which every response row carries the behaviour-policy version.
@@ -68,7 +69,7 @@ class Layout:
         return (*carried, *(f for f in self.request if f.name == IS_FIRST)) if carried else ()
 
 
-def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> Layout:
+def derive_layout(model: Any, observation: FieldSpec, example: Any = None, obs_leaves: Sequence[ObsLeaf] = ()) -> Layout:
     """Request fields from the observation spec, response fields from one ``act`` pass.
 
     A model that samples with env-side noise (``action_noise_width``, see
@@ -76,6 +77,8 @@ def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> La
 
     ``example``: one observation the model can take (zeros when None; a
     categorical space whose categories start above 0 needs its own).
+    ``obs_leaves``: a Dict/Tuple observation's leaves: the model reads the
+    packed rows as a nested ``TensorDict``, as the server hands them over.
     """
     import numpy as np
     import torch
@@ -93,7 +96,7 @@ def derive_layout(model: Any, observation: FieldSpec, example: Any = None) -> La
     reference = next(iter([*model.parameters(), *model.buffers()]), None)
     device = reference.device if reference is not None else torch.device("cpu")
     leaves = state_leaves(model)
-    inputs = {observation.name: probe.to(device)}
+    inputs = {observation.name: model_observation(obs_leaves, probe.to(device))}
     if leaves:  # a recurrent model: its state leaves and the episode-start flag travel with every request
         inputs.update(zero_state(model, 2, device))
         inputs[IS_FIRST] = torch.ones(2, dtype=torch.bool, device=device)

@@ -161,7 +161,7 @@ class RayCollector(BatchStream):
             flat = source.queue.take(n)
             source.top_up()
         self._frames += n
-        batch = TensorDict(nest(flat), batch_size=[n])
+        batch = TensorDict(nest(flat, self.env_spec.obs_leaves), batch_size=[n])
         source.driver_cpu_s += time.thread_time() - cpu
         return batch if self.storing_device.type == "cpu" else batch.to(self.storing_device, non_blocking=True)
 

@@ -83,7 +83,7 @@ class EnvHost:
             env_factory, model_spec, spec.graph(), frames_per_batch=spec.chunk_frames, total_frames=-1,
             seed=spec.seed, server_config=server_config, interaction_mode=spec.interaction_mode, env_spec=env_spec,
             policy_version=version, stall_timeout=spec.stall_timeout, step_timeout=spec.step_timeout,
-            skip_non_finite=spec.skip_non_finite,
+            skip_non_finite=spec.skip_non_finite, nest_trees=False,
         )
         self._pause: Any = None
         self.set_weights(weights, version)

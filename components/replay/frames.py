@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
+from components.obs_tree import ObsLeaf, frame_leaves
 from components.replay.frame_match import FrameBatch, split_frames
 from components.replay.storage import Key, TensorStorage, fsync_files, reserve_disk, to_tensordict
 
@@ -48,6 +49,21 @@ def _as_key(key: str | Sequence[str]) -> Key:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
+def tree_frame_keys(leaves: Sequence[ObsLeaf]) -> list[Key]:
+    """The stacked keys of a Dict/Tuple observation: its image leaves (:func:`~components.obs_tree.frame_leaves`)
+    under ``observation`` and ``("next", "observation")``, as batches nest them; its other leaves are stored whole.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> from components.obs_tree import tree_leaves
+        >>> leaves, _ = tree_leaves(gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
+        ...                                          "speed": gym.spaces.Box(-1, 1, (1,))}))
+        >>> tree_frame_keys(leaves)
+        [('observation', 'pixels'), ('next', 'observation', 'pixels')]
+    """
+    return [(*base, *leaf.key) for leaf in frame_leaves(leaves) for base in (("observation",), ("next", "observation"))]
+
+
 def default_frame_capacity(capacity: int, stack: int) -> int:
     """Frames in the pool by default: one per transition, 1/8 spare for episode starts, 64 envs' stacks."""
     return capacity + capacity // 8 + 64 * stack
@@ -57,8 +73,9 @@ class FrameStackStorage:
     """Circular transition storage that keeps each distinct frame of stacked observations once.
 
     Same interface as :class:`~components.replay.storage.TensorStorage`; the
-    stacked keys (``observation`` and ``("next", "observation")`` by default)
-    must be ``[N, stack, *frame_shape]`` and every other key is stored as
+    stacked keys (``observation`` and ``("next", "observation")`` by default;
+    a Dict observation's image leaves with :func:`tree_frame_keys`) must be
+    ``[N, stack, *frame_shape]`` and every other key is stored as
     TensorStorage stores it. With ``path``, the frame pool
     (``path/frames.memmap``) and all per-transition fields
     (``path/transitions/``) are memory-mapped and reopen from

@@ -16,10 +16,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 from torch import nn
 
 from components.obs_input import masked
-from components.obs_tree import observation_tree
 
 SLOTS = 6
 
@@ -76,24 +76,22 @@ class PickEnvFactory:
 class SlotPolicy(nn.Module):
     """Scores every slot from its load; the contract is in components/model_contract.py.
 
-    Built as ``SlotPolicy(env_spec, width=...)``. ``obs`` is the packed row
-    of the Dict observation; :func:`observation_tree` turns it into a nested
-    TensorDict of the env's leaves (views, no copy).
+    Built as ``SlotPolicy(env_spec, width=...)``. ``obs`` is the Dict
+    observation as a nested TensorDict of the env's leaves (``obs["board"]``,
+    ``obs["job"]``, ``obs["action_mask"]``), in the server and in the trainer alike.
     """
 
     def __init__(self, spec: Any, width: int = 32) -> None:
         super().__init__()
-        self.leaves = spec.obs_leaves
         self.body = nn.Sequential(nn.Linear(SLOTS + 3, width), nn.Tanh())
         self.logits, self.critic = nn.Linear(width, SLOTS), nn.Linear(width, 1)
 
-    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tree = observation_tree(self.leaves, obs)
-        job = nn.functional.one_hot(tree["job"].long(), 3).float()
-        x = self.body(torch.cat([tree["board"], job], -1))
-        return masked(self.logits(x), tree["action_mask"] != 0), self.critic(x).squeeze(-1)
+    def _heads(self, obs: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        job = nn.functional.one_hot(obs["job"].long(), 3).float()
+        x = self.body(torch.cat([obs["board"], job], -1))
+        return masked(self.logits(x), obs["action_mask"] != 0), self.critic(x).squeeze(-1)
 
-    def act(self, inputs: dict[str, torch.Tensor], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def act(self, inputs: dict[str, Any], modes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         logits, value = self._heads(inputs["observation"])
         dist = torch.distributions.Categorical(logits=logits)
         action = dist.sample()
@@ -101,10 +99,10 @@ class SlotPolicy(nn.Module):
             action = torch.where(modes != 0, logits.argmax(-1), action)
         return {"action": action, "sample_log_prob": dist.log_prob(action), "state_value": value}
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: TensorDict, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits, value = self._heads(obs)
         dist = torch.distributions.Categorical(logits=logits)
         return dist.log_prob(action.long()), dist.entropy(), value
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
+    def value(self, obs: TensorDict) -> torch.Tensor:
         return self._heads(obs)[1]

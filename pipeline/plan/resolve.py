@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,22 @@ def _recurrent(cfg: DictConfig, per_worker: int, chunk_len: int, env_spec: Any) 
         "slot_bytes": per_worker * (2 * state_bytes + 1), "row_bytes": 2 * state_bytes + 1,
         "chunk_bytes": per_worker * chunk_len * (2 * state_bytes + 1),
         "seq_len": OmegaConf.select(cfg, "trainer.seq_len", default=None)})
+
+
+#: what a disk replay's file names (and a resume's check of them) allow of a Dict observation's keys
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _check_disk_leaf_names(cfg: DictConfig, env_spec: Any) -> None:
+    """A disk replay stores each leaf of a Dict observation in a file named by its keys: refuse keys that
+    cannot be one (a ``/``, a space), here in one line rather than in the replay writer."""
+    if env_spec is None or not env_spec.is_tree or str(cfg.replay.storage) != "disk":
+        return
+    for leaf in env_spec.obs_leaves:
+        bad = next((part for part in leaf.key if not _FILE_NAME.fullmatch(part) or part in (".", "..")), None)
+        if bad is not None:
+            raise ConfigError(f"replay.storage=disk: the observation's Dict key {bad!r} cannot name a file "
+                              "(letters, digits, _, . and - only); use replay.storage=memory or rename the key")
 
 
 def _frame_dedup(cfg: DictConfig, env_spec: Any) -> Choice[bool | None]:
@@ -337,6 +354,7 @@ def resolve_plan(cfg: DictConfig, machine: Machine, env_spec: Any = None, costs:
                 ("device", Choice((policy_device, trainer.value, storing), "devices", {"trainer": trainer}))]
     dedup = None
     if cfg.replay.kind != "none":
+        _check_disk_leaf_names(cfg, env_spec)
         dedup_choice = _frame_dedup(cfg, env_spec)
         dedup = dedup_choice.value
         choices.append(("replay", Choice(str(cfg.replay.kind), str(cfg.replay.kind), {

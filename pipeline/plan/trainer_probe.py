@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from components.obs_tree import model_observation, tree_leaves_of
+
 #: updates timed at most (the fastest is kept: a busy moment must not change the layout)
 _MAX_TIMED = 4
 
@@ -92,6 +94,7 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
 
     model = copy.deepcopy(model).train()
     first = env_spec.zero_observation()
+    leaves = tree_leaves_of(env_spec)  # a Dict/Tuple: the model reads its leaves, as from a batch
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -100,7 +103,7 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
         (lambda obs: model.evaluate(obs, torch.from_numpy(env_spec.zero_actions(obs.shape[0]))))
 
     def step(n: int) -> float:
-        obs = torch.from_numpy(np.broadcast_to(first, (n, *first.shape)).copy())
+        obs = model_observation(leaves, torch.from_numpy(np.broadcast_to(first, (n, *first.shape)).copy()))
         started = time.perf_counter()
         out = forward(obs)
         loss = sum(t.float().mean() for t in (out if isinstance(out, tuple) else (out,)))
@@ -143,7 +146,8 @@ def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int, dense
     envs = max(1, min(int(num_envs), frames))
     steps = -(-frames // envs)
     first = env_spec.zero_observation()
-    obs = torch.from_numpy(np.broadcast_to(first, (frames, *np.shape(first))).copy())
+    leaves = tree_leaves_of(env_spec)
+    obs = model_observation(leaves, torch.from_numpy(np.broadcast_to(first, (frames, *np.shape(first))).copy()))
     zeros = torch.zeros(frames)
     off = torch.zeros(frames, dtype=torch.bool)
     actions = torch.from_numpy(env_spec.zero_actions(frames))
@@ -168,11 +172,12 @@ def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int, dense
         return TensorDict(fields, batch_size=[frames])
     from components.successors import CUT_SUCCESSORS_KEY, CutSuccessors
 
-    successors = fields.pop(("next", "observation"))
+    fields.pop(("next", "observation"))  # cut successors: each env's last row, as the collector records
     last = torch.arange(max(0, frames - envs), frames)  # in step order, each env's last row
     batch = TensorDict(fields, batch_size=[frames])
+    packed = torch.from_numpy(np.broadcast_to(first, (len(last), *np.shape(first))).copy())
     batch.set_non_tensor(CUT_SUCCESSORS_KEY, CutSuccessors(batch["env_index"][last], batch["env_step"][last],
-                                                           successors[last]))
+                                                           packed, leaves))
     return batch
 
 

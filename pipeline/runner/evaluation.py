@@ -186,4 +186,5 @@ class Evaluator:
             self.episodes)]
 
     def _play(self, count: int, envs: list[Any]) -> tuple[list[float], list[int]]:
-        return play_episodes(self.model, envs, self._seeds(count), self.mode, self._row, self.max_steps)
+        return play_episodes(self.model, envs, self._seeds(count), self.mode, self._row, self.max_steps,
+                             obs_leaves=self._leaves)

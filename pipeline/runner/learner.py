@@ -58,16 +58,14 @@ def build_replay(cfg: DictConfig, run_dir: Path, plan: Plan, algo: Any, env_spec
     if r.kind == "none":
         return None, None
     from components.replay.buffer import ReplayBuffer
-    from components.replay.frames import FrameStackStorage
+    from components.replay.frames import FrameStackStorage, tree_frame_keys
     from components.replay.nstep import NStepReturns
     from components.replay.storage import TensorStorage
-    from components.replay.tree_frames import TreeFrameStorage
 
     path = run_dir / "replay" if r.storage == "disk" else None
-    if plan.frame_dedup and env_spec.is_tree:  # the Dict/Tuple's image leaves, split out of its packed rows
-        storage: Any = TreeFrameStorage(int(r.capacity), env_spec.obs_leaves, path=path)
-    elif plan.frame_dedup:
-        storage = FrameStackStorage(int(r.capacity), path=path)
+    if plan.frame_dedup:  # a Dict/Tuple: its image leaves' frames are shared, its other leaves stored whole
+        keys = tree_frame_keys(env_spec.obs_leaves) if env_spec.is_tree else ["observation", ("next", "observation")]
+        storage: Any = FrameStackStorage(int(r.capacity), path=path, frame_keys=keys)
     else:
         storage = TensorStorage(int(r.capacity), device=plan.storing_device if path is None else "cpu", path=path)
     per_batch = getattr(algo, "updates_per_batch", None)  # SAC: updates_per_frame

@@ -8,20 +8,21 @@ and seeds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from components.interaction import InteractionMode
+from components.obs_tree import ObsLeaf, model_observation
 from components.recurrent import zero_state
 from components.video import FrameRecorder
 
 
 def play_episodes(model: torch.nn.Module, envs: list[Any], seeds: list[int], mode: InteractionMode,
                   row: Callable[[Any], np.ndarray], max_steps: int, recorder: FrameRecorder | None = None,
-                  every_episode: bool = False) -> tuple[list[float], list[int]]:
+                  every_episode: bool = False, obs_leaves: Sequence[ObsLeaf] = ()) -> tuple[list[float], list[int]]:
     """One episode on each env at once (env ``i`` reset with ``seeds[i]``), the policy batched over them.
 
     Returns the returns and lengths of the episodes that ended (all of them
@@ -45,7 +46,7 @@ def play_episodes(model: torch.nn.Module, envs: list[Any], seeds: list[int], mod
     state = zero_state(model, n)
     while live.any() and steps < max_steps:
         with torch.no_grad():
-            out = model.act({"observation": torch.as_tensor(obs), **state}, modes)
+            out = model.act({"observation": model_observation(obs_leaves, torch.as_tensor(obs)), **state}, modes)
             actions = out["action"].numpy()
             state = {k: out[f"next.{k}"] for k in state}
         for i in np.flatnonzero(live):

@@ -67,7 +67,7 @@ def _recorder_main(conn: Any, env_factory: Any, model_spec: Any, env_spec: Any, 
                 with torch.no_grad():
                     play_episodes(model, envs, seeds, InteractionMode(mode),
                                   (lambda o: pack(leaves, o)) if leaves else np.asarray,
-                                  settings.max_steps, recorder, every_episode=True)
+                                  settings.max_steps, recorder, every_episode=True, obs_leaves=leaves)
                 path = write_mp4(Path(videos_dir) / f"{int(frames)}.mp4", recorder.joined(), fps)
                 conn.send(("done", str(path), int(frames)))
             except Exception as err:  # noqa: BLE001 - one line for the driver
