@@ -21,6 +21,7 @@ Only numpy is imported at module level: env worker processes use it too.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,12 +62,12 @@ class ObsLeaf:
         """``image``, ``goal/position``, ``0``: the path joined by ``/`` (metrics, errors, docs)."""
         return "/".join(str(p) for p in self.path)
 
-    @property
+    @functools.cached_property  # read per leaf on every forward: computed once (frozen: it caches in __dict__)
     def key(self) -> tuple[str, ...]:
         """The leaf's nested ``TensorDict`` key."""
         return tuple(str(p) for p in self.path)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
@@ -227,8 +228,17 @@ def rebuild_space(leaves: Sequence[ObsLeaf], tuples: Sequence[tuple[str | int, .
 
 
 def leaf_tensors(leaves: Sequence[ObsLeaf], packed: Any) -> list[Any]:
-    """Each leaf of a packed ``[..., packed]`` uint8 tensor as a tensor of its dtype and shape (views)."""
+    """Each leaf of a packed ``[..., packed]`` uint8 tensor as a tensor of its dtype and shape (views).
+
+    On the CPU the views are cut with numpy and wrapped: a third of torch's
+    cost per leaf (a server does this on every forward).
+    """
+    import torch
+
     packed = packed if packed.is_contiguous() else packed.contiguous()
+    if packed.device.type == "cpu" and not packed.requires_grad:
+        rows = packed.numpy()
+        return [torch.from_numpy(leaf_view(rows, leaf)) for leaf in leaves]
     lead = packed.shape[:-1]
     out = []
     for leaf in leaves:
@@ -241,10 +251,13 @@ def observation_tree(leaves: Sequence[ObsLeaf], packed: Any) -> Any:
     """Packed observations as a nested ``TensorDict`` keyed like the env's Dict/Tuple (tuple index ``"0"``, ...)."""
     from tensordict import TensorDict
 
-    tree = TensorDict({}, batch_size=packed.shape[:-1], device=packed.device)
+    nested: dict[str, Any] = {}
     for leaf, value in zip(leaves, leaf_tensors(leaves, packed)):
-        tree[leaf.key] = value
-    return tree
+        node = nested
+        for part in leaf.key[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.key[-1]] = value
+    return TensorDict(nested, batch_size=packed.shape[:-1], device=packed.device)  # one construction, not one per leaf
 
 
 def model_observation(leaves: Sequence[ObsLeaf], obs: Any) -> Any:
