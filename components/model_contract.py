@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from components.envs import EnvSpec
-from components.obs_tree import model_observation, tree_leaves_of
+from components.obs_tree import model_observation
 
 #: what each trainer calls on its model, beyond ``act``
 NEEDS = {"ppo": ("act", "evaluate", "value"), "dqn": ("act", "forward"), "sac": ("act", "sample")}
@@ -95,7 +95,7 @@ def check_model(model: Any, spec: EnvSpec, trainer: str, rows: int = 2) -> None:
     reference = next(iter([*model.parameters(), *model.buffers()]), None) if isinstance(model, torch.nn.Module) else None
     device = reference.device if reference is not None else torch.device("cpu")
     packed = torch.from_numpy(np.broadcast_to(spec.zero_observation(), (rows, *spec.obs_shape)).copy()).to(device)
-    obs = model_observation(tree_leaves_of(spec), packed)  # a Dict/Tuple: its leaves, as every caller hands them
+    obs = model_observation(spec.obs_leaves, packed)  # a Dict/Tuple: its leaves, as every caller hands them
     modes = torch.zeros(rows, dtype=torch.int8, device=device)
     action_kinds = "f" if spec.action_kind == "continuous" else "iub"
     try:

@@ -11,10 +11,10 @@ code paths are the one-leaf ones, untouched and as fast, and every leaf
 arrives bit for bit: nothing is cast to a common dtype (RLlib's flattening
 preprocessor took the same road, with floats; bytes keep integers and
 images exact). Past the data plane every reader sees the tree:
-:func:`nest_observations` turns a batch's packed fields into nested
-``TensorDict`` keys and :func:`model_observation` does the same for what a
-server hands its model (views, no copy), so trainers, replay and models
-read ``("observation", "image")``, never the bytes.
+the collector nests a batch's packed fields into ``TensorDict`` keys
+(:func:`observation_tree`, views, no copy) and :func:`model_observation`
+does the same for what a server hands its model, so trainers, replay and
+models read ``("observation", "image")``, never the bytes.
 
 Only numpy is imported at module level: env worker processes use it too.
 """
@@ -268,32 +268,6 @@ def model_observation(leaves: Sequence[ObsLeaf], obs: Any) -> Any:
     import torch
 
     return observation_tree(leaves, torch.as_tensor(obs))
-
-
-#: the batch fields that hold observations (a transition's and its successor's)
-OBSERVATION_KEYS = ("observation", ("next", "observation"))
-
-
-def nest_observations(batch: Any, leaves: Sequence[ObsLeaf]) -> Any:
-    """``batch`` with its packed observation fields replaced by nested ``TensorDict``s of their leaves.
-
-    Views of the packed rows, no copy: the data plane moves one byte row per
-    observation, and every reader past the collector (trainers, replay, a
-    ``post_collect_hook``, a user's model) sees each leaf under its own key,
-    ``("observation", "image")``, ``("next", "observation", "0")``.
-    """
-    if leaves:
-        present = batch.keys(include_nested=True)
-        for key in OBSERVATION_KEYS:
-            value = batch.get(key) if key in present else None
-            if value is not None and not hasattr(value, "batch_size"):  # a tensor of packed rows, not yet a tree
-                batch.set(key, observation_tree(leaves, value))
-    return batch
-
-
-def tree_leaves_of(spec: Any) -> tuple[ObsLeaf, ...]:
-    """The leaves a spec's observations are nested into (empty for a one-leaf env or no spec)."""
-    return tuple(spec.obs_leaves) if spec is not None and getattr(spec, "is_tree", False) else ()
 
 
 _TORCH_DTYPES: dict[str, Any] = {}

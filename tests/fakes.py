@@ -493,6 +493,15 @@ class TreeReader(TinyActorCritic):
         return logits, self.critic(x).squeeze(-1)
 
 
+def nest_packed(batch, leaves):  # noqa: ANN001, ANN201
+    """A hand-built batch of packed rows with its observations nested, as the collector delivers them."""
+    from components.obs_tree import observation_tree
+
+    for key in ("observation", ("next", "observation")):
+        batch.set(key, observation_tree(leaves, batch.get(key)))
+    return batch
+
+
 def tree_consistent(leaves: dict[str, np.ndarray]) -> np.ndarray:
     """Per row, whether the unpacked leaves of :class:`TreeEnv` (dict kind) are one observation, bit for bit."""
     t, g = leaves["state"][..., 0], leaves["goal"]

@@ -13,9 +13,9 @@ from components.action_masks import with_masks
 from components.collector.env_block import EnvBlock
 from components.envs import EnvConfigError, EnvSpec
 from components.models import ActorCritic, ModelSpec, QNetwork
-from components.obs_tree import leaf_tensors, nest_observations, observation_tree, pack, tree_leaves, unpack
+from components.obs_tree import leaf_tensors, observation_tree, pack, tree_leaves, unpack
 from tests.conftest import run_pipeline
-from tests.fakes import TreeEnv, TreeEnvFactory, tree_consistent
+from tests.fakes import TreeEnv, TreeEnvFactory, nest_packed, tree_consistent
 from tests.test_spaces import PLACEMENTS, collect
 
 
@@ -136,7 +136,7 @@ def test_replay_keeps_every_leaf_as_its_own_key(tmp_path: Path) -> None:
             batch = TensorDict({"observation": torch.from_numpy(acted), "action": torch.zeros(2, dtype=torch.int64),
                                 "next": TensorDict({k.split(".", 1)[1]: torch.from_numpy(v.copy())
                                                     for k, v in rows.items()}, batch_size=[2])}, batch_size=[2])
-            buffer.extend(nest_observations(batch, spec.obs_leaves))
+            buffer.extend(nest_packed(batch, spec.obs_leaves))
         sample = buffer.sample(16)
         for key in ("observation", ("next", "observation")):
             assert tree_consistent({leaf.name: sample[key][leaf.key].numpy() for leaf in spec.obs_leaves}).all()

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from components.envs import EnvSpec
-from components.obs_tree import frame_leaves, nest_observations, pack, tree_leaves
+from components.obs_tree import frame_leaves, pack, tree_leaves
 from components.replay.buffer import ReplayBuffer
 from components.replay.nstep import NStepReturns
 from components.replay.frames import FrameStackStorage, tree_frame_keys
@@ -20,7 +20,7 @@ from pipeline.plan.render import plan_lines
 from pipeline.plan.validate import ConfigError
 from pipeline.runner.budgets import SMALL_FIELDS_BYTES, transition_bytes
 from tests.conftest import compose, run_pipeline
-from tests.fakes import PixelsDictEnv, TreeEnv, pixels_consistent
+from tests.fakes import PixelsDictEnv, TreeEnv, nest_packed, pixels_consistent
 from tests.test_replay_frames import assert_rebuilt_exactly, batches, stream_tensordict
 
 CPU_MACHINE = Machine(cpus=2, cuda=False)
@@ -38,7 +38,7 @@ def dict_stream(num_envs: int, steps: int, *, extra_image: bool = False) -> tupl
             for key, value in zip(out, (pack(leaves, obs[e]), pack(leaves, nxt), reward, term, trunc, e, t)):
                 out[key].append(value)
             obs[e] = env.reset()[0] if term or trunc else nxt
-    return nest_observations(stream_tensordict(out), leaves), leaves
+    return nest_packed(stream_tensordict(out), leaves), leaves
 
 
 def assert_consistent(got: TensorDict, key: str | tuple = "observation") -> None:

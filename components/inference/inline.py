@@ -91,13 +91,12 @@ class InlinePolicy:
         import torch
 
         from components.inference.serving import serving_engine
-        from components.obs_tree import tree_leaves_of
 
         # torch's threads are the process's: a worker process's were pinned at its start (GraphSpec.worker_threads)
         torch.manual_seed(self._seed())
         self._model = self.model_spec.build(self.env_spec).eval()
         self._engine = serving_engine(self._model, self.engine_name, "cpu", "cpu", self._seed(),
-                                      obs_leaves=tree_leaves_of(self.env_spec))
+                                      obs_leaves=self.env_spec.obs_leaves)
         while True:  # the copy built from the spec has its own random init: never act with it
             self.poll()
             if self._seq:

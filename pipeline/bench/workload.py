@@ -62,10 +62,9 @@ def model_spec(workload: dict[str, Any]) -> Any:
 def engine(workload: dict[str, Any], env_spec: Any, device: str = "cpu") -> Any:
     """The workload's network in the serving engine ``server.engine=auto`` picks for it on ``device``."""
     from components.inference.serving import serving_engine
-    from components.obs_tree import tree_leaves_of
 
     model = model_spec(workload).build(env_spec).to(device).eval()
-    return serving_engine(model, "auto", device, seed=0, obs_leaves=tree_leaves_of(env_spec))
+    return serving_engine(model, "auto", device, seed=0, obs_leaves=env_spec.obs_leaves)
 
 
 def act(engine: Any, obs: np.ndarray, modes: np.ndarray) -> np.ndarray:

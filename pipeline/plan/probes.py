@@ -288,13 +288,12 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     from dataclasses import replace
 
     from components.inference.serving import serving_engine
-    from components.obs_tree import tree_leaves_of
     from pipeline.plan.model_spec import model_spec_for
     from pipeline.plan.trainer_spec import dense_successors
 
     model = model_spec_for(cfg).build(env_spec)
     served = serving_engine(model.to(policy_device).eval(), engine, policy_device, "cpu", seed=0,
-                            obs_leaves=tree_leaves_of(env_spec))
+                            obs_leaves=env_spec.obs_leaves)
     costs = measure(factory, served, env_spec, cpus)
     if not dense_successors(cfg, env_spec):  # the driver copies no successors but those of cut trajectories
         costs = replace(costs, frame_bytes=costs.frame_bytes - costs.obs_bytes)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from components.collector.graph import GraphSpec
 from components.collector.lockstep import lockstep_chunk_len, lockstep_problem
 from components.inference.loop import ServerConfig
 from components.obs_tree import frame_leaves
+from components.replay.storage import names_a_file
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
 from pipeline.plan.eval_settings import eval_settings
@@ -124,17 +124,13 @@ def _recurrent(cfg: DictConfig, per_worker: int, chunk_len: int, env_spec: Any) 
         "seq_len": OmegaConf.select(cfg, "trainer.seq_len", default=None)})
 
 
-#: what a disk replay's file names (and a resume's check of them) allow of a Dict observation's keys
-_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
 def _check_disk_leaf_names(cfg: DictConfig, env_spec: Any) -> None:
     """A disk replay stores each leaf of a Dict observation in a file named by its keys: refuse keys that
     cannot be one (a ``/``, a space), here in one line rather than in the replay writer."""
     if env_spec is None or not env_spec.is_tree or str(cfg.replay.storage) != "disk":
         return
     for leaf in env_spec.obs_leaves:
-        bad = next((part for part in leaf.key if not _FILE_NAME.fullmatch(part) or part in (".", "..")), None)
+        bad = next((part for part in leaf.key if not names_a_file(part)), None)
         if bad is not None:
             raise ConfigError(f"replay.storage=disk: the observation's Dict key {bad!r} cannot name a file "
                               "(letters, digits, _, . and - only); use replay.storage=memory or rename the key")

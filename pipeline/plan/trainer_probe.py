@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from components.obs_tree import model_observation, tree_leaves_of
+from components.obs_tree import model_observation
 
 #: updates timed at most (the fastest is kept: a busy moment must not change the layout)
 _MAX_TIMED = 4
@@ -94,7 +94,7 @@ def time_training(model: Any, env_spec: Any, rows: int, budget_s: float = TRAINE
 
     model = copy.deepcopy(model).train()
     first = env_spec.zero_observation()
-    leaves = tree_leaves_of(env_spec)  # a Dict/Tuple: the model reads its leaves, as from a batch
+    leaves = env_spec.obs_leaves  # a Dict/Tuple: the model reads its leaves, as from a batch
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -146,7 +146,7 @@ def synthetic_batch(env_spec: Any, model: Any, frames: int, num_envs: int, dense
     envs = max(1, min(int(num_envs), frames))
     steps = -(-frames // envs)
     first = env_spec.zero_observation()
-    leaves = tree_leaves_of(env_spec)
+    leaves = env_spec.obs_leaves
     obs = model_observation(leaves, torch.from_numpy(np.broadcast_to(first, (frames, *np.shape(first))).copy()))
     zeros = torch.zeros(frames)
     off = torch.zeros(frames, dtype=torch.bool)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from components.checkpoint import save_checkpoint
+from components.replay.storage import names_a_file
 from pipeline.plan.validate import ConfigError
 
 
@@ -69,7 +70,6 @@ def save_run_state(path: Path, state: dict[str, Any]) -> Path:
 #: What every checkpoint of a run holds (:func:`run_state`); any trainer's state has a policy_version.
 RUN_STATE_KEYS = ("frames", "policy_version", "config", "model_spec", "env_spec", "episodes", "rng", "stop_reason")
 #: A replay leaf's key part becomes a file name under ``<run dir>/replay``: a plain name, never a path.
-_LEAF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class CheckpointError(ConfigError):
@@ -102,8 +102,7 @@ def _check_shape(state: Any) -> str | None:
         return "its model entry is not a state dict"
     for entry in _replay_layout(state.get("replay")):
         parts = entry[0] if isinstance(entry, (list, tuple)) and entry else None
-        if not isinstance(parts, (list, tuple)) or not parts or not all(
-                isinstance(p, str) and _LEAF_NAME.fullmatch(p) and p not in (".", "..") for p in parts):
+        if not isinstance(parts, (list, tuple)) or not parts or not all(names_a_file(p) for p in parts):
             return f"its replay layout names a file outside the replay directory ({parts!r})"
     return None
 
