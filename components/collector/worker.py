@@ -133,6 +133,12 @@ def run_worker(
             block.close()
 
 
+def run_loop(worker: int, blocks: list[EnvBlock], channels: list[ActionChannel], chunks: ChunkWriter,
+             control: WorkerControl, mode: int, response_keys: tuple[str, ...]) -> None:
+    """The step loop alone, without :func:`run_worker`'s reporting: the plan's probe times it on null envs."""
+    _loop(worker, blocks, channels, chunks, control, mode, response_keys)
+
+
 def _loop(
     worker: int,
     blocks: list[EnvBlock],

@@ -73,6 +73,11 @@ class InlinePolicy:
     def _seed(self) -> int:
         return int(np.random.SeedSequence([self.seed, self.worker, self.launch]).generate_state(1)[0])
 
+    def built_with(self, engine: Any) -> InlinePolicy:
+        """This copy, built already and answering with ``engine`` (no weights read): the plan's loop probe."""
+        self._engine, self._arrays = engine, {}
+        return self
+
     def _build(self) -> None:
         self._version = int(self.stats.counters[self.worker, VERSION])
         deadline = time.monotonic() + 10.0

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from pipeline.plan.layout import BATCHES, DEFAULT_HOP_S, Costs
+from pipeline.plan.loop_probe import NullEnv, env_observation, time_worker_loop
 from pipeline.plan.machine_probes import BIG_FRAME_BYTES, STREAM_BYTES, time_hop, time_shared_copy
 from pipeline.plan.trainer_probe import (UPDATE_PROBE_S, replay_steps_per_frame, time_on_policy_update, time_replay_step,
                                          time_training, trainer_load)
@@ -150,22 +152,6 @@ def _time_policy(engine: Any, first: np.ndarray, budget_s: float) -> dict[int, f
     return {b: _median(r) for b, r in rounds.items()}
 
 
-class _NullEnv:
-    """Steps in no time: what remains of a block's step is the worker loop's own cost."""
-
-    def __init__(self, obs: np.ndarray, action_space: Any, observation_space: Any) -> None:
-        self._obs, self.action_space, self.observation_space = obs, action_space, observation_space
-
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
-        return self._obs, {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        return self._obs, 0.0, False, False, {}
-
-    def close(self) -> None:
-        pass
-
-
 def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
     """(per-step, per-env) cost of stepping a block and writing its transition, without env time.
 
@@ -179,6 +165,7 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
     from components.collector.env_block import NEXT_KEYS, EnvBlock
 
     obs = env_spec.zero_observation()
+    returned = env_observation(env_spec)  # as the env returns it (a Dict/Tuple's own structure)
     obs_space, space = env_spec.spaces()
     make_actions = env_spec.zero_actions
     # the worker's own bookkeeping per block step: its clocks and the control block's counters
@@ -187,7 +174,7 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
     blocks: list[Any] = []
 
     def block_step(n: int) -> Callable[[], None]:
-        block = EnvBlock(lambda: _NullEnv(obs, space, obs_space), list(range(n)), list(range(n)))
+        block = EnvBlock(lambda: NullEnv(returned, space, obs_space), list(range(n)), list(range(n)))
         steps = int(min(64, max(2, STREAM_BYTES // max(1, n * obs.nbytes))))
         chunk = {k: np.zeros((steps, *v.shape), v.dtype) for k, v in block.empty_rows().items()}
         actions = make_actions(n)
@@ -287,6 +274,23 @@ def _time_env_bounded(factory: Callable[[], Any], budget_s: float) -> tuple[floa
     return _bounded(lambda: _time_env(factory, budget_s))
 
 
+def _time_worker_loop(env_spec: Any, engine: Any, budget_s: float) -> tuple[float, float]:
+    """:func:`~pipeline.plan.loop_probe.time_worker_loop`, or :func:`_time_loop` for big frames or where it fails.
+
+    A policy the null loop cannot answer for (its response on zeros not a
+    transition's fields) must not end the run in its plan: the block's
+    step alone is timed then, as before, with a warning naming why.
+    """
+    if env_spec.obs_bytes >= BIG_FRAME_BYTES:
+        return _time_loop(env_spec, budget_s)
+    try:
+        return time_worker_loop(env_spec, engine, budget_s)
+    except Exception as err:  # noqa: BLE001 - the fallback below is the older, narrower probe
+        warnings.warn(f"the worker-loop probe failed ({type(err).__name__}: {err}); the plan times the env block's "
+                      "step alone", RuntimeWarning, stacklevel=2)
+        return _time_loop(env_spec, budget_s)
+
+
 def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, budget_s: float = 0.4,
             hop_s: float | None = None) -> Costs:
     """Probe every cost the prediction needs (about ``budget_s`` plus a process start for the hop)."""
@@ -297,7 +301,9 @@ def measure(factory: Callable[[], Any], engine: Any, env_spec: Any, cpus: int, b
     try:
         env_first = _bounded(lambda: timer.window(budget_s * 0.2, ENV_PROBE_STEPS // 2))
         infer_first = _time_policy(engine, first_obs, budget_s * 0.15)
-        loop_step, loop_env = _time_loop(env_spec, budget_s * 0.25)
+        # The real worker loop (its policy wrapper, noise, clocks, commits); big frames keep the probe that writes
+        # them through chunk-sized memory, since a real pool that size is hundreds of MB of fresh pages
+        loop_step, loop_env = _time_worker_loop(env_spec, engine, budget_s * 0.25)
         copy_s = _time_copy(budget_s * 0.1)
         env_second = _bounded(lambda: timer.window(budget_s * 0.15, ENV_PROBE_STEPS // 2))
     except ProbeError as err:
