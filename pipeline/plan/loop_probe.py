@@ -35,6 +35,16 @@ SIZES = (1, 16)
 STOP_S = 5.0
 
 
+def stream_steps(rows: int, obs_nbytes: int) -> int:
+    """Steps of a probe's chunk: as many as a chunk spans (up to 64), within :data:`STREAM_BYTES` for big frames.
+
+    Examples:
+        >>> stream_steps(16, 16), stream_steps(16, 100_800)
+        (64, 20)
+    """
+    return int(min(64, max(2, STREAM_BYTES // max(1, rows * obs_nbytes))))
+
+
 class NullEnv:
     """Steps in no time: what remains of a block's step is the loop's own cost."""
 
@@ -120,7 +130,7 @@ def _time_block(env_spec: Any, engine: Any, n: int, budget_s: float) -> float:
     response_fields += (FieldSpec(POLICY_VERSION, (), "int64"),)
     returned = env_observation(env_spec)
     block = EnvBlock(lambda: NullEnv(returned, action_space, obs_space), list(range(n)), list(range(n)))
-    chunk_len = int(min(64, max(2, STREAM_BYTES // max(1, n * obs.nbytes))))
+    chunk_len = stream_steps(n, obs.nbytes)
     pool = ChunkPool(transition_fields(env_spec.observation_field(), response_fields), rows=[n],
                      chunk_len=chunk_len, chunks_per_worker=4, ctx=threading, stream="observation",
                      dense_successor=False)

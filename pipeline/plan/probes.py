@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.plan.layout import BATCHES, DEFAULT_HOP_S, Costs
-from pipeline.plan.loop_probe import NullEnv, env_observation, time_worker_loop
+from pipeline.plan.loop_probe import NullEnv, env_observation, stream_steps, time_worker_loop
 from pipeline.plan.machine_probes import BIG_FRAME_BYTES, STREAM_BYTES, time_hop, time_shared_copy
 from pipeline.plan.trainer_probe import (UPDATE_PROBE_S, replay_steps_per_frame, time_on_policy_update, time_replay_step,
                                          time_training, trainer_load)
@@ -155,6 +155,10 @@ def _time_policy(engine: Any, first: np.ndarray, budget_s: float) -> dict[int, f
 def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
     """(per-step, per-env) cost of stepping a block and writing its transition, without env time.
 
+    The plan's loop figure for big frames and where the real loop's probe
+    (:mod:`pipeline.plan.loop_probe`) fails: ``EnvBlock.step`` alone, which
+    leaves out the loop around it.
+
     What the worker loop does per block step with an observation stream
     (see :class:`~components.collector.chunks.ChunkPool`): the chunk row's
     small fields, the env outputs, each observation written once into the
@@ -175,7 +179,7 @@ def _time_loop(env_spec: Any, budget_s: float) -> tuple[float, float]:
 
     def block_step(n: int) -> Callable[[], None]:
         block = EnvBlock(lambda: NullEnv(returned, space, obs_space), list(range(n)), list(range(n)))
-        steps = int(min(64, max(2, STREAM_BYTES // max(1, n * obs.nbytes))))
+        steps = stream_steps(n, obs.nbytes)
         chunk = {k: np.zeros((steps, *v.shape), v.dtype) for k, v in block.empty_rows().items()}
         actions = make_actions(n)
         chunk.update(action=np.zeros((steps, *actions.shape), actions.dtype), policy_version=np.zeros((steps, n), np.int64),
