@@ -19,11 +19,11 @@ feature: :meth:`ObservationInput.mask` hands it to the action head.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
@@ -43,10 +43,18 @@ def masked(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
+def is_tensordict(obj: Any) -> bool:
+    """Whether ``obj`` is a ``TensorDict``, without importing tensordict (~2 s in a fresh process: it loads
+    ``torch._dynamo``): an inference server process or a worker serving torch never needs it, and a TensorDict
+    exists only where its maker already imported the package."""
+    module = sys.modules.get("tensordict")
+    return module is not None and isinstance(obj, module.TensorDictBase)
+
+
 def tree_values(leaves: Sequence[ObsLeaf], obs: Any) -> list[torch.Tensor]:
     """Each leaf of a tree observation: from its nested ``TensorDict`` (what models are handed), or read
     out of packed rows (a caller holding the data plane's bytes)."""
-    if isinstance(obs, TensorDictBase):
+    if is_tensordict(obs):
         return [obs.get(leaf.key) for leaf in leaves]
     return leaf_tensors(leaves, obs)
 

@@ -36,8 +36,10 @@ def test_contender_names_are_override_lists_planned_by_the_runners_rules():
     _, planned, _ = plan_for(ours_overrides("ours:process/slots/thread/step@epw=4,splits=1", WORKLOAD, 8))
     g = planned.plan.graph
     assert (g.envs_per_worker, g.splits, g.chunk_len) == (4, 1, 1)
+    assert layout_overrides("ours:ray") == ["workers=ray", "ray.address=local"]
+    assert layout_overrides("ours:ray@address=10.0.0.1:6379") == ["workers=ray", "ray.address=10.0.0.1:6379"]
     for bad in ("ours:process/slots/inline/auto", "ours:gpu/slots/thread/auto", "ours:thread/slots/thread/auto@x=1",
-                "ours:thread/slots"):
+                "ours:thread/slots", "ours:ray@address=", "ours:ray@epw=4"):
         with pytest.raises(ValueError):
             layout_overrides(bad)
 

@@ -96,3 +96,21 @@ def test_a_dict_or_tuple_env_gets_a_measured_layout(overrides):
     planned = plan_config(compose(*overrides), Machine(cpus=2, cuda=False))
     assert planned.costs is not None and planned.plan.layout is not None, "transport=auto measured its layout"
     assert planned.costs.loop_step_s > 0
+
+
+@pytest.mark.parametrize("error", [ValueError("bad row"), KeyError("observation"), TypeError("not a tensor")],
+                         ids=["value", "key", "type"])
+def test_a_probe_bug_is_printed_when_the_model_was_already_built(monkeypatch, capsys, error):
+    """A ValueError/KeyError/TypeError from the probe of a run whose model the plan built already is a probe bug,
+    not a model the env cannot have: the plan says it fell back to its rule (it hid the Dict/Tuple bug before)."""
+    from pipeline.plan import Machine
+    from pipeline.plan.inputs import plan_config
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise error
+
+    monkeypatch.setattr(probes, "probe_for_config", broken)
+    planned = plan_config(compose(), Machine(cpus=2, cuda=False))
+    assert planned.costs is None and planned.plan.layout is None
+    err = capsys.readouterr().err
+    assert f"the layout probe failed ({type(error).__name__}" in err and "falls back to its rule" in err

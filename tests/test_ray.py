@@ -323,19 +323,25 @@ def test_a_sigkilled_driver_leaves_no_host_on_a_joined_cluster(two_nodes, tmp_pa
     assert not _ray_pids("ray::EnvHost"), "the hosts of a SIGKILLed driver outlived it by 30 s"
 
 
-def test_the_benchmark_measures_ours_ray_and_the_scaling_model_reads_its_report(tmp_path):
+def test_the_benchmark_measures_ours_ray_and_the_scaling_model_reads_its_report(two_nodes, tmp_path):
+    """On a running cluster (``ours:ray@address=``, ``--address``): starting a loopback one in the trial and again in
+    the scaling model cost this test a minute, and test_a_local_cluster_is_started_for_the_run_and_gone_after_it
+    covers ``ray.address=local``."""
     out = tmp_path / "bench"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "pipeline.bench", "contenders=[ours:ray]", "repeats=1",
+    contender = f"ours:ray@address={two_nodes}"
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench", f"contenders=['{contender}']", "repeats=1",
                            "seconds=1", "warmup=0.5", "num_envs=8", f"hydra.run.dir={out}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "bench_cartpole.json").read_text())
-    trial = [t for t in report["trials"] if t["contender"] == "ours:ray"][0]
+    trial = [t for t in report["trials"] if t["contender"] == contender][0]
     assert trial["ok"] and trial["fps"] > 0 and trial["graph"]["workers"] == "ray"
     assert trial["ray_driver_us_per_frame"] > 0 and trial["ray_bytes_per_frame"] > 0
+    assert f"ray.address={two_nodes}" in trial["command"]
     done = subprocess.run([sys.executable, "-m", "pipeline.bench.ray_scale", str(out / "bench_cartpole.json"),
-                           "--nodes", "1", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                           "--nodes", "1", "4", "--address", two_nodes], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and all(("hosts" in r) or ("driver" in r) or ("network" in r) for r in rows)

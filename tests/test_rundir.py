@@ -14,26 +14,14 @@ from pipeline.plan import Machine, resolve_plan
 from pipeline.runner.run_lock import LOCK, claim_run_dir
 from pipeline.plan.validate import ConfigError
 from tests.conftest import compose
+from tests.run_claims import claim_and_hold
 
 CTX = mp.get_context("spawn")
 
 
-def _claim(path: str, results, release) -> None:  # noqa: ANN001
-    from pathlib import Path
-
-    try:
-        claim = claim_run_dir(Path(path))
-    except ConfigError:
-        results.put("refused")
-        return
-    results.put("won")
-    release.wait(60)  # a run holds its directory for its whole life
-    claim.release()
-
-
 def test_of_many_processes_claiming_one_directory_exactly_one_wins(tmp_path):
     results, release = CTX.Queue(), CTX.Event()
-    procs = [CTX.Process(target=_claim, args=(str(tmp_path / "run"), results, release), daemon=True)
+    procs = [CTX.Process(target=claim_and_hold, args=(str(tmp_path / "run"), results, release), daemon=True)
              for _ in range(6)]
     try:
         for p in procs:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +27,6 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 #: A nested key, always as a tuple (``("next", "observation")``, ``("action",)``).
 Key = tuple[str, ...]
-
-_FILE_NAME_PART = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def names_a_file(part: Any) -> bool:
-    """Whether one part of a key may name a file (or directory) of a disk storage: plain characters, not ``.``
-    or ``..``. A resume checks a saved layout with it, the plan a Dict observation's keys."""
-    return isinstance(part, str) and bool(_FILE_NAME_PART.fullmatch(part)) and part not in (".", "..")
 
 
 @dataclass(frozen=True)

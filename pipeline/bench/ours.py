@@ -14,7 +14,9 @@ A contender name is shorthand for overrides on top of the workload's:
   chunking=<chunking>`` (the transport part is ``slots``, or ``none`` with
   ``server=inline``), options from :data:`OPTIONS`;
 * ``ours:ray``: ``workers=ray ray.address=local`` (a loopback cluster
-  started in the trial, one env host per CPU).
+  started in the trial, one env host per CPU); ``ours:ray@address=HOST:PORT``
+  joins a running cluster instead (its hosts, its network), as
+  ``ray.address=HOST:PORT`` does.
 
 The trial composes the config, validates it, plans it with the runner's
 probes and rules (:func:`pipeline.plan.inputs.plan_config`) and builds the
@@ -50,8 +52,12 @@ def layout_overrides(name: str) -> list[str]:
     """
     if name in ("ours:auto", "ours:collect"):
         return []
-    if name == "ours:ray":
-        return ["workers=ray", "ray.address=local"]
+    if is_ray(name):
+        options = name.partition("@")[2]
+        key, _, address = options.partition("=")
+        if options and (key != "address" or not address):
+            raise ValueError(f"{name}: ours:ray takes one option, @address=HOST:PORT (got {options!r})")
+        return ["workers=ray", f"ray.address={address or 'local'}"]
     body, _, options = name.removeprefix("ours:").partition("@")
     parts = body.split("/")
     if len(parts) != 4:
@@ -70,6 +76,16 @@ def layout_overrides(name: str) -> list[str]:
             value = "true" if value in ("1", "true") else "false"
         out.append(f"{OPTIONS[key]}={value}")
     return out
+
+
+def is_ray(name: str) -> bool:
+    """Whether a contender goes through Ray env hosts (``ours:ray``, with or without its address).
+
+    Examples:
+        >>> is_ray("ours:ray"), is_ray("ours:ray@address=10.0.0.1:6379"), is_ray("ours:auto")
+        (True, True, False)
+    """
+    return name == "ours:ray" or name.startswith("ours:ray@")
 
 
 def ours_overrides(name: str, workload: dict[str, Any], num_envs: int) -> list[str]:

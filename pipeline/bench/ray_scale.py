@@ -31,15 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.ours import is_ray
+
 
 def _median_trial(report: dict[str, Any], key: str) -> float | None:
-    values = [t[key] for t in report["trials"] if t.get("contender") == "ours:ray" and t.get("ok")
+    values = [t[key] for t in report["trials"] if is_ray(str(t.get("contender"))) and t.get("ok")
               and t.get(key) is not None]
     return statistics.median(values) if values else None
 
 
-def weights_cost(workload: dict[str, Any], repeats: int = 20) -> tuple[int, float]:
-    """Bytes of the workload's policy weights and the median ``ray.put`` time of them (a local cluster)."""
+def weights_cost(workload: dict[str, Any], repeats: int = 20, address: str = "local") -> tuple[int, float]:
+    """Bytes of the workload's policy weights and the median ``ray.put`` time of them (on the cluster at
+    ``address``: ``local`` starts a loopback one)."""
     from components.envs import probe_env_spec
     from components.ray.cluster import RayCluster, import_ray
     from components.ray.host import numpy_weights
@@ -48,7 +51,7 @@ def weights_cost(workload: dict[str, Any], repeats: int = 20) -> tuple[int, floa
     env_spec = probe_env_spec(env_factory(workload))
     weights = numpy_weights(model_spec(workload).build(env_spec).state_dict())
     size = sum(v.nbytes for v in weights.values())
-    cluster = RayCluster("local", num_cpus=1).connect()
+    cluster = RayCluster(address, num_cpus=1 if address == "local" else None).connect()
     try:
         ray = import_ray()
         times = []
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--network-gbps", type=float, default=10.0, help="the driver's link")
     parser.add_argument("--frames-per-batch", type=int, default=None, help="default: the workload's")
+    parser.add_argument("--address", default="local",
+                        help="the Ray cluster ray.put is timed on (default: a loopback one started for it)")
     args = parser.parse_args(argv)
     try:
         report = json.loads(args.report.read_text())
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     per_core = float(limit["cpu_bound_fps"]) / float(limit["cpus"])
     workload = report["workload"]
     fpb = args.frames_per_batch or int(workload["frames_per_batch"])
-    weight_bytes, put_s = weights_cost(workload)
+    weight_bytes, put_s = weights_cost(workload, address=args.address)
     print(f"measured on {report['machine']['cpu']} ({report['machine']['cpus']} CPUs), workload "
           f"{workload['name']}: {per_core:,.0f} frames/s per host core, driver {driver_us:.2f} us CPU per frame, "
           f"{bytes_per_frame:,.0f} bytes per frame, weights {weight_bytes / 1e6:.2f} MB (ray.put "

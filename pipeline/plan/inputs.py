@@ -97,11 +97,16 @@ def build_env_set(cfg: DictConfig) -> tuple[Any, Any]:
     return env_set, specs[0]
 
 
-def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine, count_trainer: bool = True) -> Any:
+def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Machine, count_trainer: bool = True,
+                 model_checked: bool = False) -> Any:
     """What ``transport=auto`` chooses the layout from (:mod:`pipeline.plan.layout`), probed in a few hundred ms.
 
     None when nothing is left to choose (``server=inline`` or ``transport=slots``)
     or the probe fails: the plan then falls back to its rule and says so.
+    ``model_checked``: the run's model was built for this env already, so a
+    ``ValueError``, ``KeyError`` or ``TypeError`` from the probe is the probe's
+    own failure and is printed like any other (unchecked, it is taken for a
+    model the env cannot have, which the learner's build reports in one line).
     """
     if str(cfg.transport.kind) != "auto" or str(cfg.server.backend) == "inline" or str(cfg.workers.backend) == "ray":
         return None
@@ -115,12 +120,18 @@ def layout_costs(cfg: DictConfig, env_factory: Any, env_spec: Any, machine: Mach
     try:
         return probe_for_config(cfg, env_factory, env_spec, machine.cpus, policy_device, engine, trainer_device,
                                 count_trainer)
-    except (ValueError, KeyError, TypeError):
-        return None  # a model this env cannot have: the learner's build says so in one line, next
+    except (ValueError, KeyError, TypeError) as err:
+        if model_checked:
+            _fallback_warning(err)
+        return None  # unchecked: a model this env cannot have, which the learner's build says in one line, next
     except Exception as err:  # noqa: BLE001 - the rule still gives a working layout
-        print(f"warning: the layout probe failed ({type(err).__name__}: {err}); transport=auto falls back to its "
-              "rule", file=sys.stderr, flush=True)
+        _fallback_warning(err)
         return None
+
+
+def _fallback_warning(err: BaseException) -> None:
+    print(f"warning: the layout probe failed ({type(err).__name__}: {err}); transport=auto falls back to its "
+          "rule", file=sys.stderr, flush=True)
 
 
 def plan_config(cfg: DictConfig, machine: Machine, count_trainer: bool = True) -> PlannedConfig:
@@ -133,9 +144,10 @@ def plan_config(cfg: DictConfig, machine: Machine, count_trainer: bool = True) -
 
     trainer_class(cfg)  # a trainer that does not import is one line now, not a probe's or the learner's traceback
     env_factory, env_spec = build_env(cfg)
-    if str(cfg.trainer.name) in ("ppo", "dqn", "sac"):  # a wrong model is one line now, not a failed probe or worker
+    model_checked = str(cfg.trainer.name) in ("ppo", "dqn", "sac")
+    if model_checked:  # a wrong model is one line now, not a failed probe or worker
         build_model(cfg, model_spec_for(cfg), env_spec)
-    costs = layout_costs(cfg, env_factory, env_spec, machine, count_trainer)
+    costs = layout_costs(cfg, env_factory, env_spec, machine, count_trainer, model_checked)
     return PlannedConfig(resolve_plan(cfg, machine, env_spec, costs), env_factory, env_spec, costs)
 
 

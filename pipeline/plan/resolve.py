@@ -20,7 +20,7 @@ from components.collector.graph import GraphSpec
 from components.collector.lockstep import lockstep_chunk_len, lockstep_problem
 from components.inference.loop import ServerConfig
 from components.obs_tree import frame_leaves
-from components.replay.storage import names_a_file
+from components.replay.key_names import names_a_file
 import pipeline.plan.render as render
 import pipeline.plan.rules as rules
 from pipeline.plan.eval_settings import eval_settings

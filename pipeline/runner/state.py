@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from components.checkpoint import save_checkpoint
-from components.replay.storage import names_a_file
+from components.replay.key_names import names_a_file
 from pipeline.plan.validate import ConfigError
 
 
