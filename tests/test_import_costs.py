@@ -36,8 +36,10 @@ def _imported(modules: list[str], heavy: list[str]) -> list[str]:
     # the planner (a config error is one line before any collector exists; the bench's bare loops build their envs
     # with it): torch for the probes' models, not tensordict
     (["pipeline.plan.inputs", "pipeline.plan.resolve", "pipeline.plan.validate"], ["tensordict", "torch._dynamo"]),
+    # the config schema every composition checks against: a mistyped key is one line before torch loads
+    (["pipeline.plan.schema", "components.trainers.settings"], ["tensordict", "torch._dynamo", "torch"]),
     # the metric-sink host and the video recorder (their own processes): neither serves a model
     (["components.sinks.host", "pipeline.runner.video_recorder"], ["tensordict", "torch._dynamo", "torch"]),
-], ids=["server", "worker", "run-lock", "plan", "sinks-and-video"])
+], ids=["server", "worker", "run-lock", "plan", "schema", "sinks-and-video"])
 def test_a_child_imports_no_more_than_its_job_needs(modules, heavy):
     assert _imported(modules, heavy) == []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -24,51 +23,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from components.trainers.base import check_finite, config_from
-from components.trainers.budget import RunBudget
+from components.trainers.settings import DQNConfig
 
 
-@dataclass
-class DQNConfig(RunBudget):
-    """What one DQN run does: budget, stopping rule, hyper-parameters.
-
-    ``updates_per_batch`` gradient steps follow every collected batch of
-    ``frames_per_batch`` transitions, so the replay ratio is
-    ``updates_per_batch * batch_size / frames_per_batch`` samples per frame.
-    ``tau`` = 1 copies the online network into the target network every
-    ``target_update_period`` updates; ``tau`` < 1 blends it in (Polyak).
-    """
-
-    name: str = "dqn"
-    #: Adam learning rate
-    lr: float = 2.3e-3
-    #: discount factor
-    gamma: float = 0.99
-    #: transitions per gradient step
-    batch_size: int = 64
-    #: gradient steps after every collected batch
-    updates_per_batch: int = 128
-    #: transitions collected before the first update
-    learning_starts: int = 1000
-    #: updates between target-network refreshes
-    target_update_period: int = 10
-    #: target refresh: 1 copies the online network, < 1 blends it in (Polyak)
-    tau: float = 1.0
-    #: Double DQN targets (the online network picks the next action)
-    double: bool = True
-    #: steps of reward in each target (n-step returns)
-    n_step: int = 1
-    #: Huber loss threshold
-    huber_delta: float = 1.0
-    #: global gradient-norm clip
-    max_grad_norm: float = 10.0
-    #: initial exploration epsilon
-    eps_start: float = 1.0
-    #: final exploration epsilon
-    eps_end: float = 0.04
-    #: fraction of total_frames over which epsilon falls linearly
-    eps_fraction: float = 0.16
-    #: Adam epsilon
-    adam_eps: float = 1e-8
 
 
 class DQNTrainer:

@@ -21,7 +21,6 @@ transition stamped with version ``v`` has lag ``policy_version - v``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,55 +31,10 @@ from components.normalization import RewardScaler
 from components.recurrent_state import state_leaves
 from components.successors import successor_observations
 from components.trainers.base import check_finite, config_from
-from components.trainers.budget import RunBudget
+from components.trainers.settings import PPOConfig
 from components.trainers.sequences import split_sequences
 
 
-@dataclass
-class PPOConfig(RunBudget):
-    """What one PPO run does: its budget (:class:`RunBudget`) and hyper-parameters,
-    which keep the CleanRL names and meanings."""
-
-    name: str = "ppo"
-    #: Adam learning rate
-    lr: float = 2.5e-4
-    #: anneal the learning rate linearly to 0 at total_frames
-    anneal_lr: bool = True
-    #: discount factor
-    gamma: float = 0.99
-    #: GAE lambda
-    gae_lambda: float = 0.95
-    #: passes over each batch
-    epochs: int = 4
-    #: minibatches per pass
-    minibatches: int = 4
-    #: policy-ratio clip range
-    clip_coef: float = 0.2
-    #: clip the value loss as the policy loss (CleanRL's clip_vloss)
-    clip_vloss: bool = True
-    #: entropy bonus coefficient
-    ent_coef: float = 0.01
-    #: value loss coefficient
-    vf_coef: float = 0.5
-    #: global gradient-norm clip
-    max_grad_norm: float = 0.5
-    #: normalise advantages per minibatch
-    norm_adv: bool = True
-    #: stop an update's epochs early once the approximate KL exceeds this (None: never)
-    target_kl: float | None = None
-    #: drop transitions more than this many updates old
-    max_policy_lag: int = 3  # as conf/trainer/ppo.yaml: one default, whichever way the trainer is built
-    #: Adam epsilon
-    adam_eps: float = 1e-5
-    #: divide rewards by the running std of discounted returns (gymnasium's NormalizeReward)
-    reward_scale: bool = False
-    #: pause collection during each update, so the next batch is collected by the weights it trains
-    #: (policy lag ~0, as in CleanRL's synchronous loop) instead of by the previous ones (lag 1)
-    sync_collection: bool = False
-    #: a recurrent model (model.rnn) is trained on sequences of at most this many consecutive steps of one env,
-    #: each from the state recorded with its first step (components/trainers/sequences.py); null: each env's whole
-    #: trajectories in the batch, as CleanRL's and the RL Zoo's recurrent PPO (a batch's steps per env at most)
-    seq_len: int | None = None
 
 
 def gae(

@@ -26,7 +26,6 @@ import copy
 import math
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -34,54 +33,9 @@ from torch import nn
 
 from components.sac_models import TwinQ
 from components.trainers.base import NonFiniteError, config_from
-from components.trainers.budget import RunBudget
+from components.trainers.settings import SACConfig
 
 
-@dataclass
-class SACConfig(RunBudget):
-    """What one SAC run does: budget, stopping rule, hyper-parameters (CleanRL's names where it has them).
-
-    ``updates_per_frame`` is the update-to-data ratio: gradient steps of the
-    critics per collected transition (1.0: CleanRL's one step per env step).
-    """
-
-    name: str = "sac"
-    #: actor Adam learning rate (CleanRL policy_lr)
-    actor_lr: float = 3e-4
-    #: critics' Adam learning rate (CleanRL q_lr)
-    critic_lr: float = 1e-3
-    #: entropy-coefficient Adam learning rate (CleanRL uses q_lr)
-    alpha_lr: float = 1e-3
-    #: discount factor
-    gamma: float = 0.99
-    #: Polyak step of the target critics: target += tau * (online - target)
-    tau: float = 0.005
-    #: transitions per gradient step
-    batch_size: int = 256
-    #: transitions in replay before the first update (collected with the initial, random-ish actor)
-    learning_starts: int = 5000
-    #: critic gradient steps per collected transition (the update-to-data ratio)
-    updates_per_frame: float = 1.0
-    #: critic steps between actor updates (that many actor steps then: TD3's delayed update, CleanRL's way)
-    policy_frequency: int = 2
-    #: critic steps between Polyak steps of the target critics
-    target_update_period: int = 1
-    #: the entropy coefficient (its initial value with autotune)
-    alpha: float = 0.2
-    #: tune the entropy coefficient toward target_entropy
-    autotune: bool = True
-    #: the entropy the coefficient is tuned for (null: -|A|, the action dimension)
-    target_entropy: float | None = None
-    #: steps of reward in each target (n-step returns from the replay)
-    n_step: int = 1
-    #: global gradient-norm clip of each network (null: none, as in CleanRL)
-    max_grad_norm: float | None = None
-    #: hidden widths of each critic
-    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
-    #: the critics' activation
-    critic_activation: str = "relu"
-    #: Adam epsilon
-    adam_eps: float = 1e-8
 
 
 def _adam(params: Any, lr: float, eps: float) -> torch.optim.Adam:

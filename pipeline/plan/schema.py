@@ -16,9 +16,7 @@ from omegaconf import MISSING
 
 from components.kinds import (Activation, RecurrentCore, ChunkingMode, Direction, Encoder, EngineKind, RayScheduling, ReplayKind,
                               ReplayStorage, ServerKind, TransportKind, WandbMode, WorkerKind, WorkersBackend)
-from components.trainers.dqn import DQNConfig
-from components.trainers.ppo import PPOConfig
-from components.trainers.sac import SACConfig
+from components.trainers.settings import DQNConfig, PPOConfig, SACConfig
 
 
 @dataclass
