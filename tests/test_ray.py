@@ -385,3 +385,18 @@ def test_a_recurrent_policy_trains_with_env_hosts_carrying_each_envs_state(two_n
     assert rows[-1]["summary"]["frames"] == 4096
     trained = [r for r in rows[:-1] if "train/value_loss" in r]
     assert trained and all(r["train/value_loss"] == r["train/value_loss"] for r in trained), "finite losses"
+
+
+def test_the_scaling_model_on_an_unreachable_cluster_is_one_line_exit_2(tmp_path):
+    report = {"trials": [{"contender": "ours:ray@address=127.0.0.1:1", "ok": True, "ray_driver_us_per_frame": 1.0,
+                          "ray_bytes_per_frame": 100}],
+              "limit": {"cpu_bound_fps": 1000, "cpus": 2}, "machine": {"cpu": "x", "cpus": 2},
+              "workload": {"name": "cartpole", "overrides": ["env=cartpole", "model.hidden=[16]"], "num_envs": 4,
+                           "frames_per_batch": 64}}
+    path = tmp_path / "bench_cartpole.json"
+    path.write_text(json.dumps(report))
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench.ray_scale", str(path), "--address", "127.0.0.1:1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot connect" in lines[0] and "Traceback" not in done.stderr, done.stderr

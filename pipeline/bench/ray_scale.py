@@ -113,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     per_core = float(limit["cpu_bound_fps"]) / float(limit["cpus"])
     workload = report["workload"]
     fpb = args.frames_per_batch or int(workload["frames_per_batch"])
-    weight_bytes, put_s = weights_cost(workload, address=args.address)
+    from components.ray.cluster import RayUnavailable
+
+    try:
+        weight_bytes, put_s = weights_cost(workload, address=args.address)
+    except RayUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"measured on {report['machine']['cpu']} ({report['machine']['cpus']} CPUs), workload "
           f"{workload['name']}: {per_core:,.0f} frames/s per host core, driver {driver_us:.2f} us CPU per frame, "
           f"{bytes_per_frame:,.0f} bytes per frame, weights {weight_bytes / 1e6:.2f} MB (ray.put "
