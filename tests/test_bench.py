@@ -44,6 +44,25 @@ def test_contender_names_are_override_lists_planned_by_the_runners_rules():
             layout_overrides(bad)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("contenders,names", [
+    ("contenders=[gym_sync,gym_snyc]", "unknown contender 'gym_snyc'"),
+    ("contenders=['ours:ray@epw=4']", "ours:ray takes one option"),
+    ("contenders=[ours:gpu/slots/thread/auto+lstm]", "workers one of"),
+    ("contenders=everything", "'all', 'default' or a list"),
+])
+def test_a_contender_name_no_trial_can_run_is_one_line_and_exit_2_before_any_trial(tmp_path, contenders, names):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pipeline.bench", contenders, f"hydra.run.dir={tmp_path}/out"],
+                          capture_output=True, text=True, timeout=50, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], proc.stderr
+    assert "costs:" not in proc.stdout  # not even the cost probe ran
+
+
 @pytest.mark.timeout(300)
 def test_the_sweep_adds_env_counts_and_caps_torchrl_but_never_the_main_count():
     cfg = {"num_envs": 128, "sweep_envs": [8, 64, 128, 256], "torchrl_max_envs": 64,

@@ -10,6 +10,7 @@ Examples::
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 #: the benchmark's own config tree: its workloads are not choices of the runner
@@ -24,11 +25,15 @@ def main() -> None:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 
-        from pipeline.bench.harness import run_bench
+        from pipeline.bench.harness import ContenderError, run_bench
 
         plain = OmegaConf.to_container(cfg, resolve=True)
         plain["workload"] = plain.pop("bench_workload")
-        run_bench(plain, Path(HydraConfig.get().runtime.output_dir))
+        try:
+            run_bench(plain, Path(HydraConfig.get().runtime.output_dir))
+        except ContenderError as err:  # before any trial: one line, as a config error of the runner
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
 
     _task()
 

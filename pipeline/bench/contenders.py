@@ -27,12 +27,38 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.bench.ours import run_ours, timed
+from pipeline.bench.ours import layout_overrides, run_ours, timed
 from pipeline.bench.workload import LoopPolicy, engine as workload_engine, env_factory, model_spec, recurrent_variant
 
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: BLAS/OpenMP/torch threads of every trial process and of what it starts (gymnasium's and TorchRL's
 #: workers, the bare loops inherit them), as ``python -m pipeline`` gives its driver by default
+#: the contenders that are not ours (each may end in a recurrent suffix, ``+lstm[N]`` or ``+gru[N]``)
+LOOPS = ("gym_sync", "gym_async", "bare_procs", "torchrl_auto", "torchrl_driver")
+
+
+def check_contender(name: str) -> None:
+    """A ``ValueError`` saying what is wrong with a contender name: checked before any trial starts.
+
+    A name the trials cannot run would otherwise be found one trial at a
+    time, each recorded as failed, minutes into the run, with exit 0.
+
+    Examples:
+        >>> check_contender("ours:process/slots/thread/auto@epw=4+lstm128")
+        >>> check_contender("gym_snyc")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown contender 'gym_snyc': ours:auto, ours:collect, ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], ours:ray[@address=HOST:PORT], gym_sync, gym_async, bare_procs, torchrl_auto, torchrl_driver (each may end in +lstm[N] or +gru[N])
+    """
+    base, _ = recurrent_variant(name, {})
+    if base.startswith("ours:"):
+        layout_overrides(base)  # its own ValueError names the part that is wrong
+    elif base not in LOOPS:
+        raise ValueError(f"unknown contender {name!r}: ours:auto, ours:collect, "
+                         "ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], "
+                         f"ours:ray[@address=HOST:PORT], {', '.join(LOOPS)} (each may end in +lstm[N] or +gru[N])")
+
+
 #: (``torch_threads``): every contender runs its policy the same way.
 TRIAL_THREADS = 1
 

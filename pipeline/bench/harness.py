@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.threads import child_pools
-from pipeline.bench.contenders import CPUS, TRIAL_THREADS, trial_main
+from pipeline.bench.contenders import CPUS, TRIAL_THREADS, check_contender, trial_main
 
 OURS = [
     "ours:auto",
@@ -63,9 +63,20 @@ def apply_scale(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ContenderError(ValueError):
+    """A contender name no trial can run: one line and exit 2 before anything starts."""
+
+
 def resolve_contenders(cfg: dict[str, Any]) -> list[str]:
-    """``all`` (the full matrix), ``default`` (about five minutes), or an explicit list."""
+    """``all`` (the full matrix), ``default`` (about five minutes), or an explicit list, every name checked."""
     chosen = cfg["contenders"]
+    if isinstance(chosen, str) and chosen not in ("all", "default"):
+        raise ContenderError(f"contenders={chosen!r}: 'all', 'default' or a list of names")
+    for name in ([] if isinstance(chosen, str) else list(chosen)) + list(cfg.get("sweep_contenders") or []):
+        try:
+            check_contender(str(name))
+        except ValueError as err:
+            raise ContenderError(str(err)) from None
     if chosen == "all":
         return OURS + BASELINES + TORCHRL
     if chosen == "default":
