@@ -50,8 +50,12 @@ def test_contender_names_are_override_lists_planned_by_the_runners_rules():
     ("contenders=['ours:ray@epw=4']", "ours:ray takes one option"),
     ("contenders=[ours:gpu/slots/thread/auto+lstm]", "workers one of"),
     ("contenders=everything", "'all', 'default' or a list"),
+    ("repeats=abc", "repeats='abc': must be an integer >= 1"),
+    ("sweep_envs=[8,0]", "sweep_envs=0: must be an integer >= 1"),
+    ("contenders=[ours:process/none/inline/auto@epw=8]", "quote a contender with options"),  # Hydra's grammar
+    ("bench_workload=pongg", "Could not find 'bench_workload/pongg' (available: cartpole, frames, pong, waiting)"),
 ])
-def test_a_contender_name_no_trial_can_run_is_one_line_and_exit_2_before_any_trial(tmp_path, contenders, names):
+def test_a_setting_no_trial_can_run_with_is_one_line_and_exit_2_before_any_trial(tmp_path, contenders, names):
     import subprocess
     import sys
 
@@ -59,7 +63,7 @@ def test_a_contender_name_no_trial_can_run_is_one_line_and_exit_2_before_any_tri
                           capture_output=True, text=True, timeout=50, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("config error: ") and names in lines[0], proc.stderr
     assert "costs:" not in proc.stdout  # not even the cost probe ran
 
 
