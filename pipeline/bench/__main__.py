@@ -29,7 +29,8 @@ def main() -> None:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 
-        from pipeline.bench.harness import BenchConfigError, run_bench
+        from pipeline.bench.harness import run_bench
+        from pipeline.bench.settings import BenchConfigError
 
         plain = OmegaConf.to_container(cfg, resolve=True)
         plain["workload"] = plain.pop("bench_workload")
