@@ -119,7 +119,7 @@ def _each_command_plans_the_graph_its_trial_measured(report: dict, table: str) -
         assert words[:3] == ["python", "-m", "pipeline"]
         assert f"env.num_envs={trial['num_envs']}" in words
         assert f"  {trial['contender']}: " in table or trial["num_envs"] != report["num_envs"]
-        if trial["contender"] == "ours:auto":  # the choice depends on the probe: plan it from the trial's costs
+        if trial["contender"] in ("ours:auto", "ours:train"):  # the choice depends on the probe: plan it from its costs
             cfg, planned, machine = plan_for(words[3:])
             again = resolve_plan(cfg, machine, planned.env_spec, Costs.from_dict(trial["costs"])).graph
         else:
@@ -154,13 +154,13 @@ def test_bare_procs_kills_a_hung_process_and_returns():
     assert mp.active_children() == []
 
 
-def test_ours_collect_plans_for_collection_alone_and_its_command_spells_the_layout_out():
-    # CartPole/64 at 4,096 frames a batch: a PPO run is trainer-bound on 2 CPUs, so the command's own plan (ours:auto)
-    # counts the trainer; ours:collect leaves it out (the bench trains nothing) and may pick another layout
+def test_ours_auto_plans_for_collection_alone_and_its_command_spells_the_layout_out():
+    # CartPole/64 at 4,096 frames a batch: a PPO run is trainer-bound on 2 CPUs, so the command's own plan (ours:train)
+    # counts the trainer; ours:auto leaves it out (the bench trains nothing) and may pick another layout
     workload = {**WORKLOAD, "overrides": ["env=cartpole"], "num_envs": 64, "frames_per_batch": 4096}
-    assert layout_overrides("ours:collect") == []
-    _, training, _ = plan_for(ours_overrides("ours:auto", workload, 64))
-    _, collecting, _ = plan_for(ours_overrides("ours:collect", workload, 64), count_trainer=False)
+    assert layout_overrides("ours:auto") == layout_overrides("ours:train") == []
+    _, training, _ = plan_for(ours_overrides("ours:train", workload, 64))
+    _, collecting, _ = plan_for(ours_overrides("ours:auto", workload, 64), count_trainer=False)
     assert training.costs.trainer_s > 0 and collecting.costs.trainer_s == 0
     assert collecting.plan.layout.bound != "trainer"
     words = layout_words(collecting.plan.layout)
@@ -173,7 +173,7 @@ def test_ours_collect_plans_for_collection_alone_and_its_command_spells_the_layo
 def test_scale_sweeps_ours_auto_against_both_loops_from_8_to_1024_envs():
     cfg = apply_scale({"scale": True, "contenders": "default", "sweep_envs": [], "num_envs": 64})
     assert cfg["sweep_envs"] == SCALE_ENVS and SCALE_ENVS[0] == 8 and SCALE_ENVS[-1] == 1024
-    assert cfg["contenders"] == cfg["sweep_contenders"] == ["ours:auto", "ours:collect", "gym_sync", "bare_procs"]
+    assert cfg["contenders"] == cfg["sweep_contenders"] == ["ours:auto", "ours:train", "gym_sync", "bare_procs"]
     plan, _ = trial_plan(cfg, cfg["contenders"])
     assert ("ours:auto", 1024) in plan and ("bare_procs", 8) in plan and ("gym_sync", 512) in plan
     assert apply_scale({"scale": False, "contenders": "default"}) == {"scale": False, "contenders": "default"}

@@ -4,7 +4,7 @@ Every contender collects from the same env factory with the same policy
 (the same network, executed by the same serving engine), steps for a
 warm-up that is not timed, then counts frames for ``seconds``:
 
-* ``ours:auto``, ``ours:collect``, ``ours:<workers>/<transport>/<server>/<chunking>``, ``ours:ray``:
+* ``ours:auto``, ``ours:train``, ``ours:<workers>/<transport>/<server>/<chunking>``, ``ours:ray``:
   this project's collector, as a ``python -m pipeline`` command with those
   overrides would plan and build it (:mod:`pipeline.bench.ours`); the
   consumer only takes batches (no training).
@@ -48,13 +48,13 @@ def check_contender(name: str) -> None:
         >>> check_contender("gym_snyc")
         Traceback (most recent call last):
         ...
-        ValueError: unknown contender 'gym_snyc': ours:auto, ours:collect, ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], ours:ray[@address=HOST:PORT], gym_sync, gym_async, bare_procs, torchrl_auto, torchrl_driver (each may end in +lstm[N] or +gru[N])
+        ValueError: unknown contender 'gym_snyc': ours:auto, ours:train, ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], ours:ray[@address=HOST:PORT], gym_sync, gym_async, bare_procs, torchrl_auto, torchrl_driver (each may end in +lstm[N] or +gru[N])
     """
     base, _ = recurrent_variant(name, {})
     if base.startswith("ours:"):
         layout_overrides(base)  # its own ValueError names the part that is wrong
     elif base not in LOOPS:
-        raise ValueError(f"unknown contender {name!r}: ours:auto, ours:collect, "
+        raise ValueError(f"unknown contender {name!r}: ours:auto, ours:train, "
                          "ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], "
                          f"ours:ray[@address=HOST:PORT], {', '.join(LOOPS)} (each may end in +lstm[N] or +gru[N])")
 

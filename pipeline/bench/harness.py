@@ -24,7 +24,7 @@ from pipeline.bench.settings import check_settings
 
 OURS = [
     "ours:auto",
-    "ours:collect",
+    "ours:train",
     "ours:thread/none/inline/auto",
     "ours:thread/slots/thread/auto",
     "ours:thread/slots/process/auto",
@@ -38,19 +38,19 @@ BASELINES = ["gym_sync", "gym_async", "bare_procs"]
 TORCHRL = ["torchrl_auto", "torchrl_driver"]
 #: ``contenders: default``: what ``transport=auto`` picks, the central-server and inline layouts, the
 #: baselines, and TorchRL where it starts in reasonable time (one process per env).
-DEFAULT = ["ours:auto", "ours:collect", "ours:process/slots/process/auto", "ours:process/none/inline/auto",
+DEFAULT = ["ours:auto", "ours:train", "ours:process/slots/process/auto", "ours:process/none/inline/auto",
            "gym_sync", "gym_async", "bare_procs"]
 DEFAULT_TORCHRL_MAX_ENVS = 16
 
 
-#: ``scale=true``: ours:auto, ours:collect (auto planned for collection alone) and the loops they must beat,
+#: ``scale=true``: ours:auto (planned for collection alone), ours:train (planned for its trainer) and the loops,
 #: from 8 to 1,024 envs
 SCALE_ENVS = [8, 16, 32, 64, 128, 256, 512, 1024]
-SCALE_CONTENDERS = ["ours:auto", "ours:collect", "gym_sync", "bare_procs"]
+SCALE_CONTENDERS = ["ours:auto", "ours:train", "gym_sync", "bare_procs"]
 
 
 def apply_scale(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``scale=true``: the env-count sweep of ``ours:auto`` and ``ours:collect`` against ``gym_sync`` and ``bare_procs``.
+    """``scale=true``: the env-count sweep of ``ours:auto`` and ``ours:train`` against ``gym_sync`` and ``bare_procs``.
 
     Explicit ``sweep_envs`` or ``contenders`` lists win over the sweep's.
     """
@@ -253,7 +253,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
             entry["error"] = runs[-1].get("error") if runs else "not run"
         ok_runs = [t for t in runs if t["fps"] is not None]
         own = [t["predicted_fps"] for t in ok_runs if t.get("predicted_fps")]
-        if own:  # ours:auto: each trial probed and predicted its own run; their median against the median run
+        if own:  # ours:auto and ours:train: each trial probed and predicted its own run; their median against the median run
             entry["predicted"] = statistics.median(own)
         elif costs is not None and ok_runs:
             entry["predicted"] = predicted_fps(contender, ok_runs[-1], num_envs, costs)
@@ -277,7 +277,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
             for num_envs, entry in by_n.items():
                 ok_runs = [t for t in trials if t["contender"] == name and t["num_envs"] == num_envs and t["fps"]]
                 if any(t.get("predicted_fps") for t in ok_runs):
-                    continue  # ours:auto keeps its trials' own predictions
+                    continue  # ours:auto and ours:train keep their trials' own predictions
                 if ok_runs and entry.get("predicted") is not None:
                     entry["predicted"] = predicted_fps(name, ok_runs[-1], num_envs, costs)
     if costs is not None:

@@ -2,13 +2,16 @@
 
 A contender name is shorthand for overrides on top of the workload's:
 
-* ``ours:auto``: none (the default ``workers=auto transport=auto``: the
-  runner probes and chooses, the trainer's cost included);
-* ``ours:collect``: the same, with the layout chosen for collection alone
-  (the trainer's cost left out, as the benchmark trains nothing): what the
-  collector does with the whole machine, the contender to hold against the
-  hand loops. Its command spells the chosen layout out (a training run of
-  the bare command would plan for its trainer and pick another);
+* ``ours:auto``: the runner's own ``workers=auto transport=auto``, planned
+  for what the benchmark runs: collection alone (the trainer's cost left
+  out, as nothing trains here). What the collector does with the whole
+  machine, the contender to hold against the hand loops. Its command
+  spells the chosen layout out: a training run of the bare command plans
+  for its trainer and may pick another;
+* ``ours:train``: the bare command, planned as a training run plans it
+  (the trainer's cost included), collecting alone: what the layout a
+  training run takes collects when its trainer does not compete (on 2
+  CPUs often one worker, leaving a CPU to the trainer);
 * ``ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...]``: a fixed
   layout, ``workers=<workers> server=<server> transport=slots
   chunking=<chunking>`` (the transport part is ``slots``, or ``none`` with
@@ -50,7 +53,7 @@ def layout_overrides(name: str) -> list[str]:
         >>> layout_overrides("ours:process/slots/thread/step@epw=4,conc=1")
         ['workers=process', 'server=thread', 'transport=slots', 'chunking=step', 'env.envs_per_worker=4', 'workers.concurrent_envs=true']
     """
-    if name in ("ours:auto", "ours:collect"):
+    if name in ("ours:auto", "ours:train"):
         return []
     if is_ray(name):
         options = name.partition("@")[2]
@@ -96,7 +99,7 @@ def ours_overrides(name: str, workload: dict[str, Any], num_envs: int) -> list[s
 def plan_for(overrides: list[str], count_trainer: bool = True) -> tuple[Any, Any, Any]:
     """(config, :class:`~pipeline.plan.inputs.PlannedConfig`, machine) of a command, as the runner plans it.
 
-    ``count_trainer=False``: planned for collection alone (``ours:collect``).
+    ``count_trainer=False``: planned for collection alone (``ours:auto``).
     """
     from components.threads import pin_pools
     from pipeline.plan import Machine
@@ -111,7 +114,7 @@ def plan_for(overrides: list[str], count_trainer: bool = True) -> tuple[Any, Any
 
 
 def layout_words(layout: Any) -> list[str]:
-    """The overrides that build ``layout`` whatever the plan would choose (``ours:collect``'s command).
+    """The overrides that build ``layout`` whatever the plan would choose (``ours:auto``'s command).
 
     Examples:
         >>> from pipeline.plan.layout import Layout
@@ -135,7 +138,7 @@ def run_ours(name: str, workload: dict[str, Any], num_envs: int, warmup: float, 
     from pipeline.runner.collection import build_collector
 
     overrides = ours_overrides(name, workload, num_envs)
-    collect_only = name == "ours:collect"
+    collect_only = name == "ours:auto"
     cfg, planned, machine = plan_for(overrides, count_trainer=not collect_only)
     plan, cluster, hosts = planned.plan, None, None
     try:

@@ -3,7 +3,7 @@
 Across processes a change of a few per cent drowns in trial noise (±5 %
 of frames/s on the 2-CPU VM): how fast a trial runs depends on what else
 the machine does. What a change to the worker loop saves is CPU per
-frame, and that can be read off each process: this runs ``ours:collect``'s
+frame, and that can be read off each process: this runs ``ours:auto``'s
 graph (process workers, the policy inline in each) and, per round, reads
 the CPU time (``/proc/<pid>/stat``) its worker processes and the driver
 spent on the frames delivered in the round. Between its rounds the loop
@@ -42,7 +42,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 def _collector(num_envs: int, workers: int, frames_per_batch: int) -> Any:
-    """``ours:collect``'s graph at ``num_envs`` envs in ``workers`` process workers (the policy inline in each)."""
+    """``ours:auto``'s graph at ``num_envs`` envs in ``workers`` process workers (the policy inline in each)."""
     from pipeline.bench.ours import plan_for
     from pipeline.plan.model_spec import model_spec_for
     from pipeline.runner.collection import build_collector

@@ -350,7 +350,7 @@ def probe_for_config(cfg: Any, factory: Callable[[], Any], env_spec: Any, cpus: 
     SAC gradient step), else one optimiser step of the model stands in
     (:func:`trainer_load`, :func:`time_training`).
     ``count_trainer=False`` leaves it out: a layout for collection alone
-    (the benchmark's ``ours:collect``, which trains nothing).
+    (the benchmark's ``ours:auto``, which trains nothing).
     """
     from dataclasses import replace
 
