@@ -33,8 +33,13 @@ from pipeline.bench.workload import LoopPolicy, engine as workload_engine, env_f
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: BLAS/OpenMP/torch threads of every trial process and of what it starts (gymnasium's and TorchRL's
 #: workers, the bare loops inherit them), as ``python -m pipeline`` gives its driver by default
+#: (``torch_threads``): every contender runs its policy the same way.
+TRIAL_THREADS = 1
+#: the loops ours is held against (gymnasium's and the hand loop), and TorchRL's collector when installed
+BASELINES = ["gym_sync", "gym_async", "bare_procs"]
+TORCHRL = ["torchrl_auto", "torchrl_driver"]
 #: the contenders that are not ours (each may end in a recurrent suffix, ``+lstm[N]`` or ``+gru[N]``)
-LOOPS = ("gym_sync", "gym_async", "bare_procs", "torchrl_auto", "torchrl_driver")
+LOOPS = (*BASELINES, *TORCHRL)
 
 
 def check_contender(name: str) -> None:
@@ -57,10 +62,6 @@ def check_contender(name: str) -> None:
         raise ValueError(f"unknown contender {name!r}: ours:auto, ours:train, "
                          "ours:<workers>/<transport>/<server>/<chunking>[@opt=value,...], "
                          f"ours:ray[@address=HOST:PORT], {', '.join(LOOPS)} (each may end in +lstm[N] or +gru[N])")
-
-
-#: (``torch_threads``): every contender runs its policy the same way.
-TRIAL_THREADS = 1
 
 
 def _run_gym(kind: str, workload: dict[str, Any], num_envs: int, warmup: float, seconds: float) -> dict[str, Any]:

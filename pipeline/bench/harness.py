@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.threads import child_pools
-from pipeline.bench.contenders import CPUS, TRIAL_THREADS, trial_main
+from pipeline.bench.contenders import BASELINES, CPUS, TORCHRL, TRIAL_THREADS, trial_main
 from pipeline.bench.settings import check_settings
 
 OURS = [
@@ -34,8 +34,6 @@ OURS = [
     "ours:process/slots/process/auto",
     "ours:process/slots/process/step",
 ]
-BASELINES = ["gym_sync", "gym_async", "bare_procs"]
-TORCHRL = ["torchrl_auto", "torchrl_driver"]
 #: ``contenders: default``: what ``transport=auto`` picks, the central-server and inline layouts, the
 #: baselines, and TorchRL where it starts in reasonable time (one process per env).
 DEFAULT = ["ours:auto", "ours:train", "ours:process/slots/process/auto", "ours:process/none/inline/auto",
@@ -253,7 +251,7 @@ def run_bench(cfg: dict[str, Any], out_dir: Path, log: Any = print) -> dict[str,
             entry["error"] = runs[-1].get("error") if runs else "not run"
         ok_runs = [t for t in runs if t["fps"] is not None]
         own = [t["predicted_fps"] for t in ok_runs if t.get("predicted_fps")]
-        if own:  # ours:auto and ours:train: each trial probed and predicted its own run; their median against the median run
+        if own:  # ours:auto, ours:train: each trial probed and predicted its own run; their median against the median run
             entry["predicted"] = statistics.median(own)
         elif costs is not None and ok_runs:
             entry["predicted"] = predicted_fps(contender, ok_runs[-1], num_envs, costs)
