@@ -128,11 +128,13 @@ class EnvBlock:
         #: the peeled TimeLimits' rule (None: no env had one)
         self._limits = PeeledLimits([limit for _, limit in peeled]) if any(limit for _, limit in peeled) else None
         self._episode_return = np.zeros(n, np.float64)
-        self._episode_length = np.zeros(n, np.int64)
         #: Steps taken by every env of the block since it started (contiguous). A block that
         #: replaces a crashed one starts past its predecessor's steps, leaving a gap that tells
         #: learners the trajectory was cut there.
         self.steps = int(first_step)
+        #: per env, the block step its episode began at: its length is ``steps`` minus it (one subtraction a
+        #: step writes every length, where a counter took an add and a copy)
+        self._episode_start = np.full(n, self.steps, np.int64)
         #: ``trainer.nan_policy=skip``: a non-finite step is cut out (see :meth:`step`), not an error
         self.skip_non_finite = skip_non_finite
 
@@ -170,7 +172,7 @@ class EnvBlock:
         if self._values.active:
             self._values.check(obs_out[:len(self._envs)], "on its first reset", self.env_step)
         self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
+        self._episode_start[:] = self.steps
         if self._limits is not None:
             self._limits.restart()
 
@@ -265,7 +267,7 @@ class EnvBlock:
                 if term or trunc:
                     flags.append((i, term, trunc))
         # the peeled TimeLimit's rule: the step that reaches the limit is truncated (terminated or not)
-        limited = () if self._limits is None else self._limits.reached(self._episode_length)
+        limited = () if self._limits is None else self._limits.reached(self.steps, self._episode_start)
         terminated, truncated = _NO_FLAGS, _NO_FLAGS  # per env, made only when some episode ends
         if flags or truncate or limited:
             terminated, truncated = [False] * n, [False] * n
@@ -301,7 +303,15 @@ class EnvBlock:
         if self._values.active:
             self._values.check(fresh, None, self.env_step, masks=False)
         done = rows["next.done"]
-        if ended:
+        if ended and flags_clear:  # a True written where an episode ended (one or two envs a step, typically)
+            terminated_out, truncated_out = rows["next.terminated"], rows["next.truncated"]
+            for i in ended:
+                if terminated[i]:
+                    terminated_out[i] = True
+                if truncated[i]:
+                    truncated_out[i] = True
+                done[i] = True
+        elif ended:
             rows["next.terminated"][:] = terminated
             rows["next.truncated"][:] = truncated
             np.logical_or(rows["next.terminated"], rows["next.truncated"], out=done)
@@ -310,10 +320,9 @@ class EnvBlock:
             rows["next.truncated"].fill(False)
             done.fill(False)
         self._episode_return += reward_arr
-        self._episode_length += 1
         self.steps += 1
         rows["next.episode_return"][:] = self._episode_return
-        rows["next.episode_length"][:] = self._episode_length
+        np.subtract(self.steps, self._episode_start, out=rows["next.episode_length"])
         if sparse:
             for i in ended:
                 next_obs[i] = obs_out[i]  # the final observation, before the reset replaces it
@@ -333,7 +342,7 @@ class EnvBlock:
                 self._values.check(obs_out[i:i + 1], f"on the reset after its step {self.steps}",
                                    self.env_step, i, masks=False)
             self._episode_return[i] = 0.0
-            self._episode_length[i] = 0
+            self._episode_start[i] = self.steps
         if self._values.has_mask:  # every observation acted on next must allow some action
             self._values.check_tree(obs_out[:len(self._envs)], None, self.env_step, 0, True, categories=False)
         return skipped

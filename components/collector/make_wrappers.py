@@ -59,12 +59,12 @@ class PeeledLimits:
         """Every episode starts over (the block's reset): compare on the next step."""
         self._wait = 0
 
-    def reached(self, lengths: np.ndarray) -> list[int]:
-        """The envs whose step under way reaches their limit (``lengths``: before the step's)."""
+    def reached(self, steps: int, starts: np.ndarray) -> list[int]:
+        """The envs whose step under way reaches their limit (``steps`` before it, ``starts``: their episodes')."""
         if self._wait:
             self._wait -= 1
             return []
-        headroom = self.before - lengths
+        headroom = self.before - (steps - starts)  # each env's length before the step
         # an env cut now starts over: the first step that can reach its limit again is one past the whole limit
         self._wait = max(0, int(np.where(headroom > 0, headroom, self.before + 1).min()) - 1)
         return np.flatnonzero(headroom <= 0).tolist()
