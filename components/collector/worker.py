@@ -47,6 +47,8 @@ from components.shm import FieldSpec
 _TURN_POLL_S = 0.0002
 #: the chunk fields a block step writes only where an episode ended (cleared once a chunk)
 _FLAGS = ("next.terminated", "next.truncated", "next.done")
+#: seconds between a worker's stores of its time and frame counts, at most (else once a chunk)
+_FLUSH_S = 0.1
 #: chunks whose step views a worker keeps (a writer cycles through a few; more are made per use)
 _CACHED_CHUNKS = 16
 
@@ -163,8 +165,11 @@ def _loop(
     # Time and row counts add up here, in Python numbers, and reach the shared timing row once a chunk
     # (flush): a few read-modify-writes of shared floats a step cost ~1 us. ``steps`` is stored every turn
     # (one store): a hang report names the step, and a replacement worker starts past it.
+    # A chunk of a slow env takes long (64 steps of 0.3 s: 19 s), so a flush is also due _FLUSH_S after the last:
+    # the monitor's intervals see each worker's time and frames as they accrue, not in chunk-sized lumps.
     spent = [0.0, 0.0, 0, 0]  # env_s, infer_wait_s, frames, rows_requested since the last flush
     steps_before = int(timing[3])
+    flush_due = [clock() + _FLUSH_S]
 
     def flush() -> None:
         timing[0] += spent[0]
@@ -172,6 +177,7 @@ def _loop(
         timing[4] += spent[2]
         timing[5] += spent[3]
         spent[:] = [0.0, 0.0, 0, 0]
+        flush_due[0] = clock() + _FLUSH_S
 
     # With an observation stream (see ChunkPool) each frame is written once, into the chunk row after the
     # step's: that row is what the next step acted on, and an inline policy reads it where it lies.
@@ -319,7 +325,8 @@ def _loop(
                     deferred[i] = True  # the last step asked for: the next request waits for the next batch's weights
                 else:
                     send(i)
-                spent[0] += clock() - waited
+                stepped = clock()
+                spent[0] += stepped - waited
                 spent[2] += n
             t += 1
             taken += 1
@@ -331,6 +338,8 @@ def _loop(
                 # obs (row chunk_len of the committed chunk) is copied into the next one's first row; this
                 # worker alone writes its chunks, and cycles through them in order, so nothing overwrites it first
                 placed = [False] * len(blocks)
+            elif stepped > flush_due[0]:
+                flush()
     finally:
         flush()  # what the last turns spent, however the loop ended
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from components.collector.collector import AsyncBatchedCollector, CollectorError, GraphSpec
+from components.collector.worker_control import TIMING
 from components.envs import GymEnvFactory, probe_env_spec
 from components.models import ModelSpec
 from tests.conftest import ROOT, assert_group_gone
@@ -250,6 +251,29 @@ def test_a_frozen_thread_worker_stops_the_run_with_one_line_naming_what_it_waite
     finally:
         release.set()
         collector.shutdown()
+
+
+def test_a_slow_workers_time_and_frames_reach_the_monitor_before_its_chunk_is_full():
+    """Steps of 0.1 s in chunks of 64: the counts are stored as they accrue, not once a 6.4 s chunk.
+
+    The monitor's intervals (env time, frames per worker, the slowest worker)
+    read these counts; stored once a chunk, a slow env's were zero for whole
+    intervals and then a lump.
+    """
+    graph = GraphSpec("thread", "thread", num_envs=2, envs_per_worker=1, chunk_len=64, chunks_per_worker=2)
+    collector = _collector(graph, SlowEnvFactory(0.1)).start()
+    try:
+        timing = collector._control.timing
+        env_s, frames = TIMING.index("env_s"), TIMING.index("frames")
+        deadline = time.monotonic() + 30
+        while timing[:, TIMING.index("steps")].min() < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = timing.copy()
+    finally:
+        collector.shutdown()
+    assert got[:, TIMING.index("steps")].min() >= 10, "each worker took 10 steps within 30 s"
+    assert (got[:, frames] >= 8).all(), got  # flushed at most 0.1 s (one step) behind
+    assert (got[:, env_s] >= 0.8).all(), got
 
 
 def test_a_slow_worker_is_reported_and_never_counted_as_a_hang(tmp_path, capfd):
