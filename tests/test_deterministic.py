@@ -112,14 +112,14 @@ def test_timing_columns_are_the_clocks_not_the_learning():
 
 
 RESUMABLE = {
-    "ppo-thread-workers": ["trainer.total_frames=30720", "workers=thread", "checkpoint.frames=6144"],
-    "dqn-process-workers-process-server": ["trainer=dqn", "replay=uniform", "trainer.total_frames=8192",
+    "ppo-thread-workers": ["trainer.total_frames=18432", "workers=thread", "checkpoint.frames=6144"],
+    "dqn-process-workers-process-server": ["trainer=dqn", "replay=uniform", "trainer.total_frames=4096",
                                            "trainer.learning_starts=512", "trainer.updates_per_batch=8",
                                            "eval.interval=1024", "eval.episodes=2",
                                            "workers=process", "server=process", "transport=slots",
                                            "checkpoint.frames=2048"],
     # the memory replay is in each checkpoint: the resumed run samples what the uninterrupted one did
-    "sac-process-workers-process-server": ["env=classic", "trainer=sac", *SMALL_SAC[1:], "trainer.total_frames=4096",
+    "sac-process-workers-process-server": ["env=classic", "trainer=sac", *SMALL_SAC[1:], "trainer.total_frames=2560",
                                            "workers=process", "server=process", "transport=slots",
                                            "checkpoint.frames=1024"],
 }
