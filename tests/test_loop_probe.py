@@ -114,3 +114,25 @@ def test_a_probe_bug_is_printed_when_the_model_was_already_built(monkeypatch, ca
     assert planned.costs is None and planned.plan.layout is None
     err = capsys.readouterr().err
     assert f"the layout probe failed ({type(error).__name__}" in err and "falls back to its rule" in err
+
+
+@pytest.mark.parametrize("kind", ["null", "cartpole"])
+@pytest.mark.parametrize("loop", ["ours", "hand"])
+def test_the_instruction_count_runs_each_loop_for_exactly_the_steps_asked(loop, kind):
+    """The valgrind benchmark subtracts two runs of K and 3K steps: each must take exactly as many steps as asked
+    (ours stops at its K-th request, which follows its (K-1)-th step: the same one short in both runs)."""
+    from pipeline.bench.loop_instructions import run_steps
+
+    short, long = run_steps(loop, kind, 4, 70), run_steps(loop, kind, 4, 210)
+    assert long - short == 140, (short, long)
+    assert short in (69, 70)
+
+
+def test_the_instruction_count_without_valgrind_is_one_line_and_a_failure(monkeypatch, capsys):
+    from pipeline.bench import loop_instructions
+
+    monkeypatch.setattr(loop_instructions.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit) as ended:
+        loop_instructions.main(["--envs", "2"])
+    assert "valgrind is not installed" in str(ended.value.code)
+    assert capsys.readouterr().out == ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -110,27 +111,44 @@ def _response(env_spec: Any, engine: Any, rows: int) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
 
 
-def _time_block(env_spec: Any, engine: Any, n: int, budget_s: float) -> float:
-    """Median seconds per step of the real worker loop over one block of ``n`` null envs."""
+@dataclass
+class InlineLoop:
+    """The parts :func:`~components.collector.worker.run_loop` runs on: one block, its channel, its chunks."""
+
+    block: Any
+    pool: Any
+    writer: Any
+    channel: Any
+    control: Any
+    keys: tuple[str, ...]
+
+    def run(self) -> None:
+        """The loop until ``control.stop`` (a sampling policy's mode, as a collecting worker's)."""
+        from components.collector.worker import run_loop
+        from components.interaction import InteractionMode
+
+        run_loop(0, [self.block], [self.channel], self.writer, self.control, int(InteractionMode.RANDOM), self.keys)
+
+
+def inline_loop(env_spec: Any, response: dict[str, np.ndarray], make_env: Any, n: int) -> InlineLoop:
+    """A worker loop over ``n`` envs from ``make_env``, its policy inline and answering ``response`` in no time.
+
+    ``response``: the engine's fields for ``n`` rows (its ``policy_version`` is the policy's to stamp).
+    """
     from components.collector.chunks import ChunkPool
     from components.collector.env_block import EnvBlock
-    from components.collector.worker import run_loop, transition_fields
+    from components.collector.worker import transition_fields
     from components.collector.worker_control import WorkerControl
     from components.inference.inline import InlineChannel, InlinePolicy
     from components.inference.inline_stats import InlineStatsTable
     from components.inference.transport import POLICY_VERSION
-    from components.interaction import InteractionMode
     from components.shm import FieldSpec
 
-    obs = env_spec.zero_observation()
-    obs_space, action_space = env_spec.spaces()
-    response = _response(env_spec, engine, n)
-    response.pop(POLICY_VERSION, None)  # the policy stamps it
+    response = {k: v for k, v in response.items() if k != POLICY_VERSION}
     response_fields = tuple(FieldSpec(k, v.shape[1:], v.dtype.name) for k, v in response.items())
     response_fields += (FieldSpec(POLICY_VERSION, (), "int64"),)
-    returned = env_observation(env_spec)
-    block = EnvBlock(lambda: NullEnv(returned, action_space, obs_space), list(range(n)), list(range(n)))
-    chunk_len = stream_steps(n, obs.nbytes)
+    block = EnvBlock(make_env, list(range(n)), list(range(n)))
+    chunk_len = stream_steps(n, env_spec.zero_observation().nbytes)
     pool = ChunkPool(transition_fields(env_spec.observation_field(), response_fields), rows=[n],
                      chunk_len=chunk_len, chunks_per_worker=4, ctx=threading, stream="observation",
                      dense_successor=False)
@@ -138,8 +156,16 @@ def _time_block(env_spec: Any, engine: Any, n: int, budget_s: float) -> float:
                           ).built_with(_Answers(response))
     # one uniform a row, as a categorical head samples with (the block's noise table, refilled every few steps)
     channel = InlineChannel(policy, n, env_spec.observation_field(), noise_width=1)
-    control = WorkerControl(1)
-    keys = tuple(f.name for f in response_fields)
+    return InlineLoop(block, pool, pool.writer(0), channel, WorkerControl(1), tuple(f.name for f in response_fields))
+
+
+def _time_block(env_spec: Any, engine: Any, n: int, budget_s: float) -> float:
+    """Median seconds per step of the real worker loop over one block of ``n`` null envs."""
+    obs_space, action_space = env_spec.spaces()
+    returned = env_observation(env_spec)
+    loop = inline_loop(env_spec, _response(env_spec, engine, n),
+                       lambda: NullEnv(returned, action_space, obs_space), n)
+    block, pool, control = loop.block, loop.pool, loop.control
     done = threading.Event()
 
     def drain() -> None:  # the driver's part: each chunk back to the worker as soon as it is complete
@@ -152,7 +178,7 @@ def _time_block(env_spec: Any, engine: Any, n: int, budget_s: float) -> float:
 
     def run() -> None:
         try:
-            run_loop(0, [block], [channel], pool.writer(0), control, int(InteractionMode.RANDOM), keys)
+            loop.run()
         except BaseException as err:  # noqa: BLE001 - re-raised below
             errors.append(err)
 
