@@ -162,11 +162,11 @@ def _loop(
         beaten[0] += 1
         beats[worker] = beaten[0]
 
-    # Time and row counts add up here, in Python numbers, and reach the shared timing row once a chunk
-    # (flush): a few read-modify-writes of shared floats a step cost ~1 us. ``steps`` is stored every turn
-    # (one store): a hang report names the step, and a replacement worker starts past it.
-    # A chunk of a slow env takes long (64 steps of 0.3 s: 19 s), so a flush is also due _FLUSH_S after the last:
-    # the monitor's intervals see each worker's time and frames as they accrue, not in chunk-sized lumps.
+    # Time and row counts add up here, in Python numbers, and reach the shared timing row (flush) once a chunk
+    # or _FLUSH_S after the last flush, whichever comes first: a few read-modify-writes of shared floats a step
+    # cost ~1 us, and a slow env's chunk takes long (64 steps of 0.3 s: 19 s), which the monitor's intervals
+    # would read as zero and then a lump. ``steps`` is stored every turn (one store): a hang report names the
+    # step, and a replacement worker starts past it.
     spent = [0.0, 0.0, 0, 0]  # env_s, infer_wait_s, frames, rows_requested since the last flush
     steps_before = int(timing[3])
     flush_due = [clock() + _FLUSH_S]
