@@ -314,3 +314,60 @@ def test_a_wrapper_of_the_users_own_stops_the_peeling():
         assert isinstance(block._cores[0], Shaped)
     finally:
         block.close()
+
+
+class _CountingEnv:
+    """Returns ``base + step`` in an observation of ``space``'s shape, as ``returned_dtype`` (or a Python int)."""
+
+    def __init__(self, space, base: int, returned_dtype=None) -> None:  # noqa: ANN001
+        import gymnasium as gym
+
+        self.observation_space, self.action_space = space, gym.spaces.Discrete(2)
+        self.base, self.t, self.returned_dtype = base, 0, returned_dtype
+
+    def _obs(self):  # noqa: ANN202
+        value = self.base + self.t
+        if self.returned_dtype is int:
+            return value
+        return np.full(self.observation_space.shape, value, self.returned_dtype or self.observation_space.dtype)
+
+    def reset(self, seed=None, options=None):  # noqa: ANN001, ANN201
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):  # noqa: ANN001, ANN201
+        self.t += 1
+        return self._obs(), 1.0, False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("case", ["frames", "cast", "scalar", "strided"])
+def test_every_envs_observation_lands_in_its_own_row(case):
+    # the block writes a step's observations into their rows at once (one concatenate, the envs' first axes
+    # joined); each env's values must land in its row whatever the shape, the returned dtype or the rows' layout
+    import gymnasium as gym
+
+    space, returned = {
+        "frames": (gym.spaces.Box(0, 255, (3, 2, 2), np.uint8), None),
+        "cast": (gym.spaces.Box(-1e6, 1e6, (4,), np.float32), np.float64),
+        "scalar": (gym.spaces.Discrete(100), int),
+        "strided": (gym.spaces.Box(-1e6, 1e6, (4,), np.float32), None),
+    }[case]
+    made = iter(range(3))
+    block = EnvBlock(lambda: _CountingEnv(space, 10 * next(made), returned), env_ids=[0, 1, 2], seeds=[1, 2, 3])
+    try:
+        shape, dtype = block.spec.obs_shape, np.dtype(block.spec.obs_dtype)
+        obs = np.zeros((3, *shape), dtype)
+        if case == "strided":  # every other row of a bigger array: not one contiguous block
+            obs = np.zeros((6, *shape), dtype)[::2]
+        block.reset(obs)
+        for t in range(1, 4):
+            rows = block.empty_rows()
+            block.step(np.array([0, 1, 0]), rows, obs)
+            for env in range(3):
+                assert (rows["next.observation"][env] == 10 * env + t).all(), (case, t, env)
+                assert (obs[env] == 10 * env + t).all(), (case, t, env)
+    finally:
+        block.close()

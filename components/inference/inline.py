@@ -30,9 +30,12 @@ import numpy as np
 from components.action_noise import NOISE_KEY, noise_width
 from components.inference.inline_stats import BATCHES, REQUESTS, RING, ROWS, UPDATES, VERSION, InlineStatsTable
 from components.inference.stats import STAT_KEYS
+from components.interaction import InteractionMode
 from components.shm import FieldSpec
 
 _NAN = float("nan")
+#: the mode of a block whose every row samples (a collecting worker's): the numpy engine needs no mode rows then
+_SAMPLE = int(InteractionMode.RANDOM)
 
 
 class InlinePolicy:
@@ -141,7 +144,10 @@ class InlinePolicy:
             inputs = {"observation": observation[:rows]}
             if noise is not None:
                 inputs[NOISE_KEY] = noise[:rows]
-            response = self._engine.act(inputs, self._modes(rows, mode))
+            # A block's rows share one mode; when they all sample, the numpy engine is told so by no mode rows
+            # (None) and skips finding the greedy ones: a compare and an ``any`` (~6 us of a 16-env CartPole
+            # block step, 3-4 % of it, timed in one thread against the hand loop).
+            response = self._engine.act(inputs, None if mode == _SAMPLE else self._modes(rows, mode))
             passes = 1
         else:
             parts = []
