@@ -136,3 +136,14 @@ def test_the_instruction_count_without_valgrind_is_one_line_and_a_failure(monkey
         loop_instructions.main(["--envs", "2"])
     assert "valgrind is not installed" in str(ended.value.code)
     assert capsys.readouterr().out == ""
+
+
+def test_the_time_comparison_runs_each_loop_for_exactly_the_steps_asked_with_the_real_engine():
+    from pipeline.bench.loop_time import compare, policy_engine, time_ours
+
+    engine = policy_engine()
+    _, taken = time_ours(engine, 3, 40)
+    assert taken == 40
+    out = compare(2, rounds=1, steps=30, engine=engine)
+    assert set(out) == {"ours_us", "hand_us", "ratio", "low", "high"}
+    assert out["ours_us"] > 0 and out["hand_us"] > 0 and out["low"] <= out["ratio"] <= out["high"]

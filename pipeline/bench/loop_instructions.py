@@ -93,20 +93,29 @@ def _run_ours(spec: Any, make: Any, n: int, steps: int, actions: np.ndarray) -> 
 
     response = {"action": actions, "sample_log_prob": np.zeros(n, np.float32),
                 "state_value": np.zeros(n, np.float32)}
-    loop = inline_loop(spec, response, make, n)
-    commit = loop.writer.commit
+    return run_requests(inline_loop(spec, response, make, n), steps)
 
-    def commit_and_release() -> None:  # the driver's part, in this thread: no second thread's work is counted
+
+def run_requests(loop: Any, requests: int) -> int:
+    """Run an :func:`~pipeline.plan.loop_probe.inline_loop` until its ``requests``-th request; the steps it took.
+
+    A request goes out before the first step and after each, so that is
+    ``requests - 1`` steps, or ``requests`` when the last step's request
+    follows a chunk's commit. Each chunk is released as soon as it is
+    committed: the driver's part, in this thread, so no second thread's
+    work is counted.
+    """
+    commit, submit, taken = loop.writer.commit, loop.channel.submit, [0]
+
+    def commit_and_release() -> None:
         commit()
         gid = loop.pool.next_ready(0.0)
         if gid is not None:
             loop.pool.release(gid)
 
-    submit, taken = loop.channel.submit, [0]
-
-    def counted(*args: Any, **kwargs: Any) -> None:  # one request a step: the loop stops after ``steps``
+    def counted(*args: Any, **kwargs: Any) -> None:
         taken[0] += 1
-        if taken[0] >= steps:
+        if taken[0] >= requests:
             loop.control.stop[0] = 1
         submit(*args, **kwargs)
 
