@@ -100,8 +100,8 @@ def run_requests(loop: Any, requests: int) -> int:
     """Run an :func:`~pipeline.plan.loop_probe.inline_loop` until its ``requests``-th request; the steps it took.
 
     A request goes out before the first step and after each, so that is
-    ``requests - 1`` steps, or ``requests`` when the last step's request
-    follows a chunk's commit. Each chunk is released as soon as it is
+    ``requests - 1`` steps (what the loop's own step count says is
+    returned). Each chunk is released as soon as it is
     committed: the driver's part, in this thread, so no second thread's
     work is counted.
     """

@@ -65,8 +65,8 @@ def time_ours(engine: Any, n: int, steps: int) -> tuple[float, int]:
     loop = inline_loop(spec, response, _cartpole, n)
     loop.channel.policy.built_with(engine)
     started = time.process_time()
-    taken = run_requests(loop, steps + 1)  # the request after the last step stops it: ``steps`` steps
-    return (time.process_time() - started) / steps, taken
+    taken = run_requests(loop, steps + 1)  # the request after the last step stops it
+    return (time.process_time() - started) / max(1, taken), taken
 
 
 def time_hand(engine: Any, n: int, steps: int) -> float:
